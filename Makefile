@@ -1,0 +1,73 @@
+# gpulab: one environment, the labs, the tests, and the nbgrader course workflow.
+#
+#   make lab     create the environment, release the labs, open JupyterLab on your copies
+#   make test    the whole test suite (CPU is enough)
+#
+# Every target puts .venv/bin first on PATH: nbgrader runs `alembic` (and jupyter) from PATH.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV    := $(CURDIR)/.venv
+export PATH := $(VENV)/bin:$(PATH)
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.gpulab-setup
+PYTHON  ?= $(shell command -v python3.11 || command -v python3)
+TORCH_VERSION := 2.13.0
+# GPU users: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH_INDEX ?=
+COURSE  := $(CURDIR)/notebooks
+WORK    ?= $(CURDIR)/work
+LAB     ?=
+JOBS    ?=
+PORT    ?= 8888
+PYTEST_ARGS ?=
+
+.PHONY: help setup lab test test-fast release check grade feedback collect bench doctor clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+setup: $(STAMP)  ## create .venv/ and install everything (quick when already done)
+
+$(STAMP): pyproject.toml
+	@if [ ! -x "$(PY)" ]; then echo "creating $(VENV) with $(PYTHON)"; "$(PYTHON)" -m venv "$(VENV)"; fi
+	@"$(PY)" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpulab needs Python >= 3.11; run: make setup PYTHON=python3.11")'
+	"$(PY)" -m pip install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	"$(PY)" -m pip install --quiet -e .
+	@touch "$@"
+	@echo "environment ready: $(VENV)"
+
+lab: setup release  ## release the labs, copy new ones into work/, start JupyterLab
+	"$(PY)" -m gpulab.course copy-work --course "$(COURSE)" --work "$(WORK)"
+	@echo "Starting JupyterLab in $(WORK); open the URL printed below (http://127.0.0.1:$(PORT)/lab?token=...)."
+	cd "$(WORK)" && "$(VENV)/bin/jupyter" lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir="$(WORK)"
+
+test: setup  ## run the whole test suite
+	"$(PY)" -m pytest $(PYTEST_ARGS)
+
+test-fast: setup  ## the unit tests only (no notebook pipeline)
+	"$(PY)" -m pytest -m "not notebook" $(PYTEST_ARGS)
+
+release: setup  ## nbgrader generate_assignment for every lab (notebooks/release)
+	"$(PY)" -m gpulab.course release --course "$(COURSE)" $(if $(LAB),--lab $(LAB))
+
+check: setup  ## validate your notebooks in work/
+	"$(PY)" -m gpulab.course check --work "$(WORK)" $(if $(LAB),--lab $(LAB))
+
+grade: setup  ## autograde notebooks/submitted (LAB=<lab> for one lab) and export grades.csv
+	"$(PY)" -m gpulab.course grade --course "$(COURSE)" $(if $(LAB),--lab $(LAB)) $(if $(JOBS),--jobs $(JOBS))
+
+feedback: setup  ## write HTML feedback for every autograded submission
+	"$(PY)" -m gpulab.course feedback --course "$(COURSE)" $(if $(LAB),--lab $(LAB))
+
+bench: setup  ## run every benchmark; each prints one JSON line
+	@for b in benchmarks/*.py; do echo "== $$b"; "$(PY)" "$$b"; done
+
+doctor: setup  ## what this machine has, and what will run on real devices
+	"$(PY)" -m gpulab doctor
+
+clean:  ## remove generated release/feedback copies and caches (never work/, submitted/ or the gradebook)
+	rm -rf "$(COURSE)/release" "$(COURSE)/feedback" .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -not -path './.venv/*' -exec rm -rf {} +

@@ -1,0 +1,45 @@
+"""The course's labs in one table: the doctor, the README and the course tools read it here.
+
+``devices`` is how many GPUs a lab needs to run on real hardware; with fewer, its multi-device
+parts run on logical devices (see ``gpulab.devices.logical_devices``) and say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One lab: its folder under ``notebooks/source``, a title, and what it needs."""
+
+    id: str
+    title: str
+    teaches: str
+    devices: int
+    fallback: str = ""  # how it runs with fewer GPUs; {physical} is "cpu" or "cuda:0"
+
+
+LABS: tuple[Lab, ...] = (
+    Lab("00_setup", "setup", "the doctor report, devices, placement, choosing nccl or gloo", 0),
+    Lab("01_bottleneck", "find the bottleneck", "utilisation monitor, loop profiler, data- vs compute- vs sync-bound", 1,
+        "{physical} with a simulated accelerator clock"),
+    Lab("02_pipeline", "the input pipeline", "num_workers, pin_memory, uint8 transfer, caching, batch echoing", 1,
+        "{physical} with a simulated accelerator clock"),
+    Lab("03_hdf5", "HDF5 chunked storage", "chunk layout, chunk cache, per-worker open, chunk-aware shuffling", 0),
+    Lab("04_dataparallel", "DataParallel from scratch", "replicate/scatter/parallel_apply/gather, the output device's load", 4,
+        "4 logical devices sharing {physical} (simulated)"),
+    Lab("05_balanced", "the balanced criterion", "loss on every device, bigger batches in the same memory", 4,
+        "4 logical devices sharing {physical} (simulated)"),
+    Lab("06_ddp", "DistributedDataParallel", "launching ranks, DistributedSampler, all-reduce, torch DDP + AMP, torchrun", 2,
+        "2 gloo processes sharing {physical}"),
+    Lab("07_model_parallel", "model parallel and pipelining", "a split ResNet, micro-batches, the bubble", 2,
+        "2 logical devices sharing {physical}, one thread each (simulated)"),
+    Lab("08_oom", "out of memory", "leaks, no_grad, max batch size, AMP, checkpointing, shape summary", 1,
+        "{physical}, memory metered by MemoryMeter under a budget"),
+)
+
+
+def lab_ids() -> list[str]:
+    """The lab folder names, in course order."""
+    return [lab.id for lab in LABS]

@@ -1,0 +1,28 @@
+"""nbgrader configuration for the gpulab course (this folder is the course root).
+
+Run nbgrader from this folder, with .venv/bin on PATH (nbgrader calls `alembic` from PATH);
+`make release`, `make grade` and `make feedback` do both for you.
+"""
+
+import os
+
+c = get_config()  # noqa: F821 - provided by nbgrader
+
+c.CourseDirectory.course_id = "gpulab"
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+# Files that are not part of a lab: never copied into release/ or collected.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.h5", "*.h5.tmp*"]
+
+# Prepended to every released notebook: how to work and how grading works.
+c.IncludeHeaderFooter.header = "source/header.ipynb"
+
+# What replaces a solution in the student's copy.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# Per-cell execution limit while autograding. Every lab runs in about 2 minutes in total on a
+# 2-core laptop; a cell that needs 5 minutes is a student's infinite loop.
+c.Execute.timeout = 300
+c.Execute.interrupt_on_timeout = True
+# Students' notebooks always run on the CPU path unless the grader has a GPU.
+c.Execute.extra_arguments = []

@@ -1,0 +1,35 @@
+"""Shared test set-up: GPU tiers and a summary of how long each lab took in the nbgrader pipeline.
+
+Markers (see pyproject.toml): ``gpu`` and ``multigpu`` tests are skipped where torch cannot see
+enough CUDA devices; ``notebook`` marks the slow end-to-end lab runs (``make test-fast`` skips them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpulab.devices import cuda_device_count
+
+REPO = Path(__file__).resolve().parents[1]
+COURSE = REPO / "notebooks"
+LAB_TIMINGS: dict[str, dict[str, float]] = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    gpus = cuda_device_count()
+    for item in items:
+        if "gpu" in item.keywords and gpus < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (none visible to torch here)"))
+        if "multigpu" in item.keywords and gpus < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2+ CUDA GPUs ({gpus} visible)"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not LAB_TIMINGS:
+        return
+    terminalreporter.section("lab pipeline timings (seconds)")
+    for lab, t in sorted(LAB_TIMINGS.items()):
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in t.items())
+        terminalreporter.write_line(f"{lab:<20} {parts}")

@@ -1,0 +1,99 @@
+"""Build and tidy nbgrader source notebooks from Python (a maintainer's tool, not part of gpulab).
+
+The ``.ipynb`` under ``notebooks/source/<lab>/`` is the only copy anyone edits: open it in
+JupyterLab (View → Cell Toolbar → Create Assignment), or build/rewrite it from a script with the
+helpers here, which fill in nbgrader's cell metadata correctly::
+
+    import sys; sys.path.insert(0, "tools")
+    from nbauthor import md, code, solution, tests, write
+    write("notebooks/source/00_setup/00_setup.ipynb", [
+        md("# Lab 00"),
+        code("import gpulab"),
+        solution("def f(x):\\n    ### BEGIN SOLUTION\\n    return x\\n    ### END SOLUTION", "f_impl"),
+        tests("'''f returns its input.'''\\nassert f(1) == 1", "f_identity", points=1),
+    ])
+
+    python tools/nbauthor.py strip notebooks/source/*/*.ipynb   # drop outputs before committing
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+
+KERNEL = {
+    "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+    "language_info": {"name": "python"},
+}
+
+
+def _meta(grade_id: str, *, grade: bool, solution: bool, locked: bool, points: float | None = None) -> dict:
+    m = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": 3, "solution": solution, "task": False}
+    if points is not None:
+        m["points"] = points
+    return {"nbgrader": m}
+
+
+def md(text: str) -> nbformat.NotebookNode:
+    """A plain markdown cell."""
+    return nbformat.v4.new_markdown_cell(text.strip("\n"))
+
+
+def code(src: str) -> nbformat.NotebookNode:
+    """A plain code cell (students may run and edit it)."""
+    return nbformat.v4.new_code_cell(src.strip("\n"))
+
+
+def solution(src: str, grade_id: str) -> nbformat.NotebookNode:
+    """An exercise cell: the part between ``### BEGIN SOLUTION`` / ``### END SOLUTION`` is removed
+    from the student's copy and replaced by ``raise NotImplementedError()``."""
+    cell = nbformat.v4.new_code_cell(src.strip("\n"))
+    cell.metadata.update(_meta(grade_id, grade=False, solution=True, locked=False))
+    return cell
+
+
+def tests(src: str, grade_id: str, points: float = 1) -> nbformat.NotebookNode:
+    """A locked, autograded test cell. Put hidden tests between ``### BEGIN HIDDEN TESTS`` and
+    ``### END HIDDEN TESTS``; start with a one-line docstring saying what is checked."""
+    cell = nbformat.v4.new_code_cell(src.strip("\n"))
+    cell.metadata.update(_meta(grade_id, grade=True, solution=False, locked=True, points=points))
+    return cell
+
+
+def readonly(src: str, grade_id: str) -> nbformat.NotebookNode:
+    """A locked code cell that students cannot edit (setup that tests depend on)."""
+    cell = nbformat.v4.new_code_cell(src.strip("\n"))
+    cell.metadata.update(_meta(grade_id, grade=False, solution=False, locked=True))
+    return cell
+
+
+def write(path: str | Path, cells: list) -> None:
+    """Write a source notebook (no outputs)."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    nb.metadata = dict(KERNEL)
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"c{i:03d}"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    nbformat.validate(nb)
+    nbformat.write(nb, str(path))
+
+
+def strip(path: str | Path) -> None:
+    """Remove outputs and execution counts in place."""
+    nb = nbformat.read(str(path), as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    nbformat.write(nb, str(path))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] != "strip":
+        sys.exit("usage: python tools/nbauthor.py strip NOTEBOOK...")
+    for p in sys.argv[2:]:
+        strip(p)
+        print(f"stripped {p}")
