@@ -35,7 +35,8 @@ import torch
 from gpulab.batches import tree_nbytes, tree_tensors
 from gpulab.sim import SimEvent, SimulatedAccelerator
 
-__all__ = ["Accelerator", "SimAccelerator", "HostAccelerator", "DeviceValue", "pick_accelerator", "as_accelerator", "spin"]
+__all__ = ["Accelerator", "SimAccelerator", "HostAccelerator", "DeviceValue", "pick_accelerator", "as_accelerator",
+           "spin", "wait_until"]
 
 
 def spin(seconds: float) -> None:
@@ -43,6 +44,21 @@ def spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
+
+
+def wait_until(deadline: float) -> float:
+    """Block the host until ``time.perf_counter() >= deadline``; returns the seconds waited.
+
+    Sleeps until 2 ms before the deadline, then spins: a sleeper on a busy machine wakes up
+    milliseconds late, and every late wake-up would leave the simulated device idle (a CUDA
+    synchronisation wakes up within microseconds).
+    """
+    t0 = time.perf_counter()
+    if deadline - t0 > 0.002:
+        time.sleep(deadline - t0 - 0.002)
+    while time.perf_counter() < deadline:
+        pass
+    return max(0.0, time.perf_counter() - t0)
 
 
 class DeviceValue:
@@ -60,10 +76,9 @@ class DeviceValue:
 
     def item(self) -> float:
         """The value as a Python float, after waiting for the device (a sync point)."""
-        t0 = time.perf_counter()
-        self.ready.synchronize()
+        waited = wait_until(self.ready.time)
         if self._on_wait is not None:
-            self._on_wait(time.perf_counter() - t0)
+            self._on_wait(waited)
         return float(self.value)
 
     __float__ = item
@@ -201,12 +216,11 @@ class SimAccelerator(Accelerator):
             self._book_copy(cost)  # DMA from pinned memory: queued, the host goes on
         elif non_blocking:
             self._book_copy(cost)  # pageable: the host stages the bytes itself, no queue wait
-            time.sleep(cost)
-            self._waited += cost
+            self._waited += wait_until(time.perf_counter() + cost)
         else:
-            self._waited += self.sim.synchronize()  # a blocking copy waits for the queue first
+            self.synchronize()  # a blocking copy waits for the queue first
             self._book_copy(cost)
-            self._waited += self.sim.synchronize()
+            self.synchronize()
         return batch
 
     def _book_copy(self, cost: float) -> None:
@@ -223,7 +237,7 @@ class SimAccelerator(Accelerator):
         return self._copy_total[hi - 1] - (self._copy_total[lo - 1] if lo else 0.0)
 
     def synchronize(self) -> None:
-        self._waited += self.sim.synchronize()
+        self._waited += wait_until(self.sim.record_event().time)
 
     def record(self) -> SimEvent:
         return self.sim.record_event()

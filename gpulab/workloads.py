@@ -50,11 +50,23 @@ class BusyDataset(Dataset):
     def __len__(self) -> int:
         return self.num_samples
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= index < self.num_samples:
             raise IndexError(f"index {index} out of range for {self.num_samples} samples")
-        spin(self.sample_cost_s)  # "decode + augment"
         return torch.roll(self._base, shifts=index, dims=-1), self._labels[index]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        spin(self.sample_cost_s)  # "decode + augment"
+        return self._sample(index)
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A whole batch at once (DataLoader uses this when it exists): one busy loop per batch.
+
+        The same CPU time as ``len(indices)`` calls of ``__getitem__``, but on a loaded machine each
+        busy loop can end a scheduler time slice late; one per batch keeps batch times steady.
+        """
+        spin(self.sample_cost_s * len(indices))
+        return [self._sample(i) for i in indices]
 
 
 def demo_loader(num_batches: int = 30, batch_size: int = 16, sample_cost_s: float = 0.002,
