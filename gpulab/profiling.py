@@ -102,7 +102,8 @@ def profile_loop(
         epochs: passes over the loader; each pass calls ``iter(loader)`` again, so DataLoader
             workers start again unless ``persistent_workers=True``.
         non_blocking: passed to the host-to-device copy (it only overlaps from pinned memory).
-        warmup_steps: leading steps left out of the figures (the window starts after them).
+        warmup_steps: leading steps left out of the figures; the device is drained after them, so
+            the window starts with an empty queue (a host that ran ahead leaves no backlog in it).
         disable: turn the progress bar off.
         desc: the progress bar's label.
 
@@ -155,6 +156,8 @@ def profile_loop(
                 s1 = accel.record()
                 t3 = perf_counter()
                 rows.append((t0, t1, t2, t3, w0, w1, w2, accel.waited(), c0, c1, s1))
+                if step + 1 == warmup_steps:
+                    accel.synchronize()  # the window starts with an empty queue, not the warm-up's backlog
                 if batch_size is None:
                     batch_size = _batch_size(batch)
                 bar.update(1)

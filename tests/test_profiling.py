@@ -181,6 +181,17 @@ def test_epochs_reiterate_the_loader_and_warmup_is_left_out() -> None:
     assert prof.num_steps == 5 and prof.epochs == 2
 
 
+def test_warmup_backlog_does_not_leak_into_the_window(clock) -> None:
+    acc = SimAccelerator()
+    # the host (5 ms per batch) runs ahead of the device (20 ms per step): after 10 warm-up steps
+    # 150 ms of work is still queued; the window must not count it against the next 10 steps
+    loader = SleepyLoader(20, 0.005, sleep=clock.sleep)
+    prof = profile_loop(loader, _step(acc, 0.020), acc, num_steps=20, warmup_steps=10, non_blocking=True, disable=True)
+    assert prof.num_steps == 10
+    assert prof.wall_s == pytest.approx(0.005 + 10 * 0.020, abs=1e-3)
+    assert prof.busy_fraction == pytest.approx(0.200 / 0.205, abs=1e-3)
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 def test_num_steps_larger_than_the_loader_is_refused_up_front() -> None:
