@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 
 from gpulab.data.chunk_cache import (
-    CacheConfig, measure_chunk_cache, next_prime, simulate_chunk_cache, suggest_cache, time_reads)
+    CacheConfig, compare_reads, measure_chunk_cache, next_prime, simulate_chunk_cache, suggest_cache, time_reads)
 from gpulab.data.chunk_sampler import ChunkShuffleSampler
 from gpulab.data.hdf5 import make_images, write_h5
 
@@ -105,3 +106,11 @@ def test_time_reads_stops_after_the_budget_but_not_before_min_samples() -> None:
     assert calls == list(range(20))
     with pytest.raises(ValueError):
         time_reads(calls.append, [])
+
+
+def test_compare_reads_takes_turns_and_reports_per_sample_medians() -> None:
+    log: list[str] = []
+    result = compare_reads(lambda i: log.append("a"), range(100), lambda i: (log.append("b"), time.sleep(0.002)),
+                           range(100), repeats=3, max_seconds=0.0)
+    assert log == (["a"] * 8 + ["b"] * 8) * 3  # min_samples each, in turns
+    assert result.candidate_s >= 0.002 > result.baseline_s and result.speedup < 1
