@@ -15,6 +15,7 @@ def path(tmp_path_factory):
     return write_h5(tmp_path_factory.mktemp("fork") / "d.h5", *make_images(256, (3, 16, 16)), disable=True)
 
 
+@pytest.mark.filterwarnings("ignore:Got pickle error")
 def test_shared_handle_cannot_be_pickled_for_spawn(path) -> None:
     result = run_scenario(path, "shared/spawn")
     assert result["outcome"] == "error" and "h5py objects cannot be pickled" in result["error"]
