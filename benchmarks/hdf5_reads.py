@@ -91,7 +91,7 @@ def main(repeats: int = 3, max_seconds: float = 0.3) -> dict:
         "small_chunk_speedup": round(us["gzip/1MiB/random"] / us["gzip_1img/1MiB/random"], 2),
         "auto_chunk_slowdown": round(us["gzip_auto/1MiB/random"] / us["gzip_1img/1MiB/random"], 2),
         "cache_32MiB_speedup_random_gzip": round(us["gzip/1MiB/random"] / us["gzip/32MiB/random"], 2),
-        "hit_rate_1MiB": {k: round(s.hit_rate, 3) for k, s in stats.items()},
+        "hit_rate_1MiB": {k: round(s.hit_rate, 3) if s.accesses else None for k, s in stats.items()},  # None: no chunks
         "bytes_per_sample_1MiB": {k: round(s.bytes_per_sample) for k, s in stats.items()},
         "us_per_sample": us,
     }
