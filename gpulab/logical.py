@@ -34,7 +34,7 @@ import torch
 __all__ = ["LogicalDevice", "LogicalDevices", "logical_devices", "current_device", "placement"]
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True, repr=False, eq=False)
 class LogicalDevice:
     """One logical device: a numbered slot that lives on a physical ``torch.device``.
 
@@ -60,6 +60,16 @@ class LogicalDevice:
         if phys.type == "cuda" and phys.index is None:
             phys = torch.device("cuda", 0)  # "cuda" means the first GPU; keep equality exact
         object.__setattr__(self, "physical", phys)
+        # hashed on every allocation a meter counts: compute it once (a dataclass hash is Python code)
+        object.__setattr__(self, "_hash", hash((self.index, phys)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LogicalDevice):
+            return NotImplemented
+        return self.index == other.index and self.physical == other.physical
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __enter__(self) -> "LogicalDevice":
         cuda_ctx = torch.cuda.device(self.physical) if self.physical.type == "cuda" else None
@@ -212,11 +222,9 @@ def _on_free(key: int, ref: weakref.ref) -> None:
 
 
 def storage_of(tensor: torch.Tensor) -> torch.UntypedStorage | None:
-    """The tensor's storage, or None for tensors without one (sparse, nested, meta)."""
-    if tensor.layout is not torch.strided or tensor.device.type == "meta":
-        return None
+    """The tensor's storage, or None for tensors without one (sparse, nested)."""
     try:
-        return tensor.untyped_storage()
+        return tensor.untyped_storage()  # called for every input and output of every metered op
     except (RuntimeError, NotImplementedError):
         return None
 
