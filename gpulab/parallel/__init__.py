@@ -2,5 +2,12 @@
 (labs 04-05), DistributedDataParallel (lab 06), model and pipeline parallelism (lab 07).
 
 The public names are re-exported here, so ``from gpulab.parallel import DataParallel`` works;
-each lives in a module about one idea.
+each lives in a module about one idea:
+
+- :mod:`gpulab.parallel.comm`: ``to``, ``broadcast``, ``scatter``, ``gather``, ``reduce_add``
+  between logical devices, differentiable.
 """
+
+from gpulab.parallel.comm import broadcast, gather, reduce_add, scatter, to
+
+__all__ = ["to", "broadcast", "scatter", "gather", "reduce_add"]
