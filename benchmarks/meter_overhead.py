@@ -27,23 +27,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.devices import default_device
 from gpulab.memory import MemoryMeter
+from gpulab.models import SmallCNN
 
 TARGET = 3.0
-
-
-class _SmallCNN(nn.Module):
-    """Two conv blocks and a linear classifier: (B, 3, 32, 32) -> (B, 10)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),  # (B, 16, 16, 16)
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),  # (B, 32, 8, 8)
-        )
-        self.head = nn.Linear(32 * 8 * 8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x).flatten(1))
 
 
 class _OpCounter(TorchDispatchMode):
@@ -75,7 +61,7 @@ def main() -> None:
     device = torch.device(args.device) if args.device else default_device()
 
     torch.manual_seed(0)
-    model = _SmallCNN().to(device)
+    model = SmallCNN().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     inputs = torch.randn(args.batch_size, 3, 32, 32, device=device)
