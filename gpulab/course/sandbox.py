@@ -300,6 +300,7 @@ def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity
     after = _snapshot(box, [work, box / "tmp"])
     strays = sorted(p for p, st in after.items() if before.get(p) != st and p not in _NBGRADER_FILES)
     result.landlock, refused = notes_mod.read_write_log(box / "writes.jsonl")
+    refused = [p.replace(str(box), "<grading copy>") for p in refused]  # the copy is deleted after grading
     result.notes += notes_mod.write_notes(refused, strays)
     if timed_out:
         result.status = "timeout"
