@@ -102,6 +102,8 @@ c.CourseDirectory.db_url = {db_url!r}
 c.Autograde.autograde_preprocessors = _gpulab_swap_execute(c.Autograde.get("autograde_preprocessors"))
 c.JailedKernelManager.jail_args = {jail_args!r}
 c.SandboxedExecute.interrupt_grace = {grace}
+# The outputs are collected by then; a graceful kernel shutdown only adds about 2 s per submission.
+c.Execute.shutdown_kernel = "immediate"
 """
 _NBGRADER_FILES = {"gradebook.db", "gradebook.db-journal", "gradebook.db-wal", "gradebook.db-shm",
                    ".nbgrader.log", "nbgrader.log", "writes.jsonl", "nbgrader_config.py"}
