@@ -49,6 +49,9 @@ for target in [{course!r} + "/ESCAPED.txt", "../../../ESCAPED.txt"]:
     except OSError as err:
         print("refused:", type(err).__name__)
 os.system("echo owned > " + {course!r} + "/ESCAPED_SHELL.txt 2>/dev/null")
+import subprocess
+subprocess.Popen(["sleep", "600"], start_new_session=True)  # detached: must not outlive grading
+os.system("sleep 601 &")  # orphaned to init: must not outlive grading either
 '''
 STUBBORN = '''import time
 while True:

@@ -64,7 +64,6 @@ def test_grade_reports_a_corrupt_submission_and_grades_the_rest(tmp_path: Path) 
 
 # ---- the grading sandbox, piece by piece (fast: no nbgrader run) ----
 
-import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 

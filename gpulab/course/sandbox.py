@@ -31,10 +31,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from gpulab.course import integrity, notes as notes_mod
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
+from gpulab.course.processes import kill_marked, kill_tree
 
 
 @dataclass
@@ -123,35 +122,6 @@ def _snapshot(root: Path, skip: list[Path]) -> dict[str, tuple[int, int]]:
                 continue
             out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
     return out
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants."""
-    try:
-        root = psutil.Process(pid)
-        procs = root.children(recursive=True) + [root]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=5)
-
-
-def kill_marked(marker: str) -> int:
-    """SIGKILL every process of this user whose environment carries ``GPULAB_SANDBOX=marker``
-    (a student's process that outlived its kernel, even one that left the process tree)."""
-    killed = 0
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and p.environ().get("GPULAB_SANDBOX") == marker:
-                p.kill()
-                killed += 1
-        except (psutil.Error, OSError):
-            continue
-    return killed
 
 
 def _font_cache() -> list[str]:
