@@ -24,8 +24,6 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # 2-core laptop; a cell that needs 5 minutes is a student's infinite loop.
 c.Execute.timeout = 300
 c.Execute.interrupt_on_timeout = True
-# Students' notebooks always run on the CPU path unless the grader has a GPU.
-c.Execute.extra_arguments = []
 
 # Feedback never shows hidden tests: autograde puts them back into every test cell, so the
 # feedback step removes them again, and cuts the traceback of a failing hidden test to its message.
