@@ -1,6 +1,6 @@
 """What runs inside each rank started by :func:`gpulab.parallel.launch` (internal).
 
-The parent (``launch.py``) hosts the rendezvous store and supervises; this module is the other
+The parent (``launch.py``) picks the port, starts the ranks and supervises them; this module is the other
 half: in the child process it
 
 1. makes the rank the leader of its own process group, so the parent can stop it together with
@@ -10,7 +10,8 @@ half: in the child process it
    hung rank where it is stuck (SIGUSR1);
 3. sets the environment torchrun would set (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
    ``MASTER_ADDR``, ``MASTER_PORT``, ``OMP_NUM_THREADS``) and the rank's intra-op threads;
-4. joins the process group through the parent's TCPStore, runs ``fn(rank, world_size, *args)``
+4. joins the process group through a TCPStore that rank 0 hosts on the chosen port (rank 0 reports
+   ``PortInUse`` if another process has it, and the parent retries on another port), runs ``fn(rank, world_size, *args)``
    and writes either the return value or the traceback to a file the parent reads.
 
 Files rather than pipes or queues carry the results back: a queue holding a large result blocks
@@ -46,6 +47,7 @@ class RankConfig:
     threads: int
     workdir: str
     parent_pid: int
+    launch_id: str  # keys in the store are prefixed with it: a rank that reached the wrong store waits harmlessly
 
 
 def log_path(workdir: str | Path, rank: int) -> Path:
@@ -105,6 +107,26 @@ def _write(path: Path, record: dict[str, Any]) -> None:
     os.replace(tmp, path)  # atomic: the parent never reads half a file
 
 
+class PortInUse(RuntimeError):
+    """Rank 0 could not listen on the chosen port: another process took it first."""
+
+
+def _rendezvous(rank: int, cfg: RankConfig):
+    """Rank 0 hosts the TCPStore (as torchrun's MASTER_PORT rank does); the others connect to it."""
+    import torch.distributed as dist
+
+    # A store hosted by the caller instead was measured to stall forked ranks' connections for
+    # 5 s now and then (torch 2.13, libuv server): rank 0 hosts it, after the fork.
+    try:
+        store = dist.TCPStore(HOST, cfg.port, cfg.world_size, rank == 0, timedelta(seconds=cfg.timeout_s),
+                              wait_for_workers=False)
+    except RuntimeError as err:
+        if rank == 0 and ("EADDRINUSE" in str(err) or "address already in use" in str(err).lower()):
+            raise PortInUse(f"port {cfg.port} on {HOST} is already in use") from None
+        raise
+    return dist.PrefixStore(f"gpulab/{cfg.launch_id}/", store)
+
+
 def rank_main(fn: Callable[..., Any], rank: int, args: tuple, cfg: RankConfig) -> None:
     """Entry point of one rank (the ``target`` of its ``multiprocessing.Process``)."""
     try:
@@ -125,10 +147,11 @@ def rank_main(fn: Callable[..., Any], rank: int, args: tuple, cfg: RankConfig) -
     try:
         if cfg.backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())  # one GPU per rank
-        store = dist.TCPStore(HOST, cfg.port, None, False, timedelta(seconds=cfg.timeout_s))
+        store = _rendezvous(rank, cfg)
         dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.timeout_s))
         value = fn(rank, cfg.world_size, *args)
+        dist.barrier()  # rank 0 hosts the store: it must not exit while another rank still needs it
         dist.destroy_process_group()
         try:
             _write(result_path(cfg.workdir, rank), {"ok": True, "value": value})

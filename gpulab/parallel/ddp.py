@@ -27,13 +27,13 @@ Usage (inside a rank started by :func:`gpulab.parallel.launch`)::
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["NaiveDDP", "BucketedDDP", "bucket_assignment", "unused_parameters"]
+__all__ = ["allreduce_gradients", "NaiveDDP", "BucketedDDP", "bucket_assignment", "unused_parameters"]
 
 
 class _DataParallelBase(nn.Module):
@@ -64,6 +64,28 @@ class _DataParallelBase(nn.Module):
         return [p for p in self.module.parameters() if p.requires_grad]
 
 
+def allreduce_gradients(model: nn.Module, world_size: int, group: Any = None) -> int:
+    """Average every parameter's gradient over the ranks, one all-reduce per tensor.
+
+    Call it after ``loss.backward()`` and before ``optimizer.step()``, on every rank.
+
+    Args:
+        model: this rank's replica.
+        world_size: the number of ranks (the sum is divided by it).
+        group: the process group (default: all ranks).
+
+    Returns:
+        The number of all-reduce calls made (one per parameter that requires a gradient).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:  # every rank must make the same calls, in the same order
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)  # in place: now the sum over ranks
+        p.grad.div_(world_size)
+    return len(params)
+
+
 class NaiveDDP(_DataParallelBase):
     """All-reduce each gradient separately, after backward has finished.
 
@@ -80,13 +102,7 @@ class NaiveDDP(_DataParallelBase):
 
     def sync_gradients(self) -> int:
         """Average every gradient over the ranks. Returns the number of all-reduce calls made."""
-        params = self._params()
-        for p in params:
-            if p.grad is None:  # every rank must make the same calls, in the same order
-                p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=self.group)
-            p.grad.div_(self.world_size)
-        return len(params)
+        return allreduce_gradients(self.module, self.world_size, self.group)
 
 
 def bucket_assignment(params: Iterable[nn.Parameter], bucket_size_mb: float) -> list[list[int]]:
@@ -154,6 +170,8 @@ class BucketedDDP(_DataParallelBase):
         find_unused_parameters: give parameters that got no gradient a zero gradient at the end of
             backward, instead of raising. Costs a check every step, as in torch DDP.
         broadcast_buffers: copy rank 0's buffers to every rank before each forward.
+        assign_buckets: ``f(params, bucket_size_mb) -> [[index, ...], ...]``, how parameters are
+            grouped (default :func:`bucket_assignment`); lab 06 plugs in the student's version.
 
     Raises:
         RuntimeError: at the end of a backward pass that left parameters without gradients, when
@@ -161,10 +179,18 @@ class BucketedDDP(_DataParallelBase):
     """
 
     def __init__(self, module: nn.Module, bucket_size_mb: float = 25.0, find_unused_parameters: bool = False,
-                 broadcast_buffers: bool = True, process_group: Any = None):
+                 broadcast_buffers: bool = True, process_group: Any = None,
+                 assign_buckets: Callable[[list[nn.Parameter], float], list[list[int]]] | None = None):
         super().__init__(module, broadcast_buffers, process_group)
         params = self._params()
-        self.buckets = [_Bucket([params[i] for i in b]) for b in bucket_assignment(params, bucket_size_mb)]
+        plan = (assign_buckets or bucket_assignment)(params, bucket_size_mb)
+        flat = sorted(i for b in plan for i in b)
+        if flat != list(range(len(params))) or not all(plan):
+            raise ValueError(f"assign_buckets must return non-empty buckets holding every parameter index 0.."
+                             f"{len(params) - 1} exactly once; got {plan}")
+        if any(len({(params[i].dtype, params[i].device) for i in b}) > 1 for b in plan):
+            raise ValueError("a bucket mixes dtypes or devices; it must be one flat tensor")
+        self.buckets = [_Bucket([params[i] for i in b]) for b in plan]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._names = {id(p): n for n, p in module.named_parameters()}
         self.find_unused_parameters = find_unused_parameters

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -59,23 +59,25 @@ def deep_mlp(width: int, depth: int, num_classes: int = 10, seed: int = 0) -> ML
     return MLP([width] * (depth + 1) + [num_classes])
 
 
-def _wrap(name: str | tuple[str, Callable], model: nn.Module, cfg: StepTimingConfig, world_size: int,
-          device: torch.device):
-    """(wrapped model, what to call after backward) for one strategy."""
-    if isinstance(name, tuple):  # ("yours", allreduce_fn): a plain model and your sync function
-        fn = name[1]
-        return model, lambda: fn(model, world_size)
-    if name == "naive":
+def _wrap(spec: Any, model: nn.Module, cfg: StepTimingConfig, world_size: int, device: torch.device):
+    """(name, wrapped model, what to call after backward) for one strategy spec."""
+    if isinstance(spec, tuple) and len(spec) == 2:  # (name, sync_fn): your all-reduce after backward
+        name, fn = spec
+        return name, model, lambda: fn(model, world_size)
+    if isinstance(spec, tuple) and len(spec) == 3 and spec[1] == "bucketed":  # (name, "bucketed", assign_fn)
+        return spec[0], BucketedDDP(model, bucket_size_mb=cfg.bucket_size_mb, assign_buckets=spec[2]), lambda: None
+    if spec == "naive":
         m = NaiveDDP(model)
-        return m, m.sync_gradients
-    if name == "bucketed":
-        return BucketedDDP(model, bucket_size_mb=cfg.bucket_size_mb), lambda: None
-    if name == "torch_ddp":
+        return spec, m, m.sync_gradients
+    if spec == "bucketed":
+        return spec, BucketedDDP(model, bucket_size_mb=cfg.bucket_size_mb), lambda: None
+    if spec == "torch_ddp":
         ids = [device.index] if device.type == "cuda" else None  # CPU modules take no device_ids
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=cfg.bucket_size_mb), lambda: None
-    if name == "local":  # no synchronisation at all: the compute-only floor
-        return model, lambda: None
-    raise ValueError(f"unknown strategy {name!r}; use 'naive', 'bucketed', 'torch_ddp', 'local' or (name, fn)")
+        return spec, nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=cfg.bucket_size_mb), lambda: None
+    if spec == "local":  # no synchronisation at all: the compute-only floor
+        return spec, model, lambda: None
+    raise ValueError(f"unknown strategy {spec!r}; use 'naive', 'bucketed', 'torch_ddp', 'local', "
+                     "(name, sync_fn) or (name, 'bucketed', assign_buckets_fn)")
 
 
 def time_sync_strategies(rank: int, world_size: int, strategies: Sequence[str | tuple[str, Callable]],
@@ -84,8 +86,9 @@ def time_sync_strategies(rank: int, world_size: int, strategies: Sequence[str | 
 
     Args:
         rank, world_size: as passed by :func:`gpulab.parallel.launch`.
-        strategies: names from ``naive``, ``bucketed``, ``torch_ddp``, ``local``, or ``(name, fn)``
-            where ``fn(model, world_size)`` averages the gradients after backward.
+        strategies: names from ``naive``, ``bucketed``, ``torch_ddp``, ``local``; ``(name, fn)``
+            where ``fn(model, world_size)`` averages the gradients after backward; or
+            ``(name, "bucketed", assign_fn)``: BucketedDDP grouping parameters with ``assign_fn``.
         cfg: sizes and step counts.
 
     Returns:
@@ -98,9 +101,9 @@ def time_sync_strategies(rank: int, world_size: int, strategies: Sequence[str | 
     inputs = torch.randn(local, cfg.width, generator=g).to(device)
     targets = torch.randint(0, 10, (local,), generator=g).to(device)
     runs = {}
-    for s in strategies:
-        model, sync = _wrap(s, deep_mlp(cfg.width, cfg.depth, seed=cfg.seed).to(device), cfg, world_size, device)
-        runs[s[0] if isinstance(s, tuple) else s] = (model, sync, torch.optim.SGD(model.parameters(), lr=0.01))
+    for spec in strategies:
+        name, model, sync = _wrap(spec, deep_mlp(cfg.width, cfg.depth, seed=cfg.seed).to(device), cfg, world_size, device)
+        runs[name] = (model, sync, torch.optim.SGD(model.parameters(), lr=0.01))
     times: dict[str, list[float]] = {name: [] for name in runs}
     for step in range(cfg.warmup + cfg.num_steps):
         for name, (model, sync, opt) in runs.items():

@@ -20,8 +20,8 @@ survive it. :func:`launch` therefore
   anything. Python >= 3.14 defaults to forkserver, which has the same needs as spawn; fork is
   requested explicitly, so that default does not matter here.
 
-The parent hosts the rendezvous (a ``TCPStore`` on 127.0.0.1 and a free port, retried if the
-port is taken), echoes each rank's output with a ``[rank r]`` prefix, and supervises: when a rank
+Rank 0 hosts the rendezvous (a ``TCPStore`` on 127.0.0.1 and a free port; if another process
+takes the port first, the ranks are stopped and started again on another one). The parent echoes each rank's output with a ``[rank r]`` prefix, and supervises: when a rank
 fails, the others are stopped at once and :class:`RankFailedError` carries the failing rank's
 traceback; when ``timeout`` passes (a hung collective), every rank is stopped and
 :class:`LaunchTimeoutError` says where each one was waiting. No rank process (nor a DataLoader
@@ -45,13 +45,16 @@ import os
 import signal
 import tempfile
 import time
+import uuid
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
 
 from gpulab.parallel import _worker
 from gpulab.parallel._worker import RankConfig
-from gpulab.parallel.startup import _choose_start_method, _open_store, resolve_backend, threads_per_rank
+from gpulab.parallel import startup
+from gpulab.parallel.startup import PORT_ATTEMPTS, _choose_start_method, resolve_backend, threads_per_rank
 
 __all__ = ["launch", "RankFailedError", "LaunchTimeoutError"]
 
@@ -151,7 +154,7 @@ def launch(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes joined in a process group.
 
-    Each rank has ``torch.distributed`` initialised (through a TCPStore the caller hosts on
+    Each rank has ``torch.distributed`` initialised (through a TCPStore that rank 0 hosts on
     127.0.0.1), torchrun's environment variables set, and ``threads`` intra-op threads. See the
     module docstring for how the processes are started and why.
 
@@ -191,10 +194,28 @@ def launch(
     method = _choose_start_method(fn, args, backend, start_method)
     threads = threads or threads_per_rank(world_size)
     deadline = time.monotonic() + timeout
-    store, used_port = _open_store(port, timeout)
+    wanted = port
+    for _ in range(PORT_ATTEMPTS):
+        try:
+            return _run(fn, args, world_size, backend, method, wanted or startup._free_port(), threads, timeout, deadline, echo)
+        except _PortTaken as err:
+            if wanted is not None:
+                warnings.warn(f"port {wanted} is already in use on {_worker.HOST}; using a free port instead",
+                              stacklevel=2)
+            wanted, last = None, err
+    raise RuntimeError(f"could not find a free rendezvous port on {_worker.HOST} in {PORT_ATTEMPTS} tries ({last})")
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _run(fn: Callable[..., Any], args: tuple, world_size: int, backend: str, method: str, port: int, threads: int,
+         timeout: float, deadline: float, echo: bool) -> list[Any]:
+    """One attempt: start the ranks on ``port``, supervise them, clean up whatever happens."""
     ctx = multiprocessing.get_context(method)
     with tempfile.TemporaryDirectory(prefix="gpulab-launch-") as workdir:
-        cfg = RankConfig(world_size, backend, used_port, float(timeout), threads, workdir, os.getpid())
+        cfg = RankConfig(world_size, backend, port, float(timeout), threads, workdir, os.getpid(), uuid.uuid4().hex)
         procs: dict[int, Any] = {}
         echo_out = _Echo(workdir, world_size, echo)
         try:
@@ -214,7 +235,6 @@ def launch(
                     _kill_group(p.pid)
                 p.join()
             echo_out.poll(final=True)
-            del store
 
 
 def _supervise(procs: dict[int, Any], workdir: str, world_size: int, timeout: float, deadline: float,
@@ -241,9 +261,13 @@ def _supervise(procs: dict[int, Any], workdir: str, world_size: int, timeout: fl
             else:
                 failures.append((rank, record))
                 first_failure = first_failure or time.monotonic()
+                if record["type"] == "PortInUse":
+                    pending.clear()  # nothing ran yet: stop everyone now and retry on another port
     if failures:
         failures.sort(key=lambda f: f[1]["time"])  # the first to fail is the cause; the rest follow it
         rank, rec = failures[0]
+        if rec["type"] == "PortInUse":
+            raise _PortTaken(rec["message"])
         others = [f"rank {r} {o['type']}: {(o['message'] or '').splitlines()[0][:160] if o['message'] else ''}"
                   for r, o in failures[1:]]
         raise RankFailedError(rank, world_size, rec["type"], rec["message"], rec["traceback"], others)

@@ -23,12 +23,12 @@ Two traps the lab measures:
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sized
+from typing import Any, Callable, Iterator, Sequence, Sized
 
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["DistributedSampler", "UnpaddedDistributedSampler"]
+__all__ = ["DistributedSampler", "UnpaddedDistributedSampler", "epoch_orders", "distributed_accuracy"]
 
 
 def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -133,3 +133,36 @@ class UnpaddedDistributedSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.global_order()[self.rank :: self.num_replicas])
+
+
+# --- measuring the two traps (run these with gpulab.parallel.launch) ------------------------------
+
+def epoch_orders(rank: int, world_size: int, make_loader: Callable[..., Any], num_samples: int,
+                 num_epochs: int, call_set_epoch: bool) -> list[list[int]]:
+    """Rank body: the sample ids this rank's loader yields in each epoch.
+
+    ``make_loader(dataset, rank, world_size)`` builds the rank's DataLoader (whose ``sampler`` has
+    ``set_epoch``); the dataset yields each sample's own id, so the order is what we record.
+    """
+    loader = make_loader(torch.arange(num_samples), rank, world_size)
+    orders = []
+    for epoch in range(num_epochs):
+        if call_set_epoch:
+            loader.sampler.set_epoch(epoch)
+        orders.append([int(i) for batch in loader for i in torch.as_tensor(batch).flatten()])
+    return orders
+
+
+def distributed_accuracy(rank: int, world_size: int, correct: Sequence[bool], padded: bool) -> float:
+    """Rank body: accuracy summed over ranks with ``all_reduce``, as distributed evaluation does.
+
+    ``correct[i]`` says whether "the model" gets sample ``i`` right; each rank scores only its
+    shard, from :class:`DistributedSampler` (``padded=True``) or :class:`UnpaddedDistributedSampler`.
+    """
+    import torch.distributed as dist
+
+    cls = DistributedSampler if padded else UnpaddedDistributedSampler
+    shard = list(cls(range(len(correct)), world_size, rank, shuffle=False))
+    counts = torch.tensor([float(sum(correct[i] for i in shard)), float(len(shard))], dtype=torch.float64)
+    dist.all_reduce(counts)  # (correct, seen) summed over the ranks
+    return (counts[0] / counts[1]).item()

@@ -9,7 +9,8 @@ function so it can be tested (and reused by a torchrun script) on its own:
 - :func:`threads_per_rank`: ``cores // world_size``, because ranks share the cores;
 - the start method (fork unless CUDA forbids it, see ``launch.py``) and whether ``fn`` can be
   sent to a spawned process at all;
-- the rendezvous: a TCPStore on 127.0.0.1 and a free port, retried if another process takes it.
+- the rendezvous port: a free port on 127.0.0.1 (rank 0 hosts the TCPStore there; the launch is
+  retried on another port if someone else takes it first).
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import multiprocessing
 import os
 import pickle
 import sys
-import warnings
-from datetime import timedelta
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -29,7 +28,7 @@ from gpulab.parallel import _worker
 __all__ = ["resolve_backend", "rank_device", "threads_per_rank"]
 
 _BACKENDS = ("auto", "gloo", "nccl")
-_PORT_ATTEMPTS = 5
+PORT_ATTEMPTS = 5  # a free port can be taken between choosing it and binding it: retry
 
 
 def threads_per_rank(world_size: int) -> int:
@@ -136,25 +135,6 @@ def _choose_start_method(fn: Callable, args: tuple, backend: str, requested: str
         return "fork"
     _check_sendable(fn, args, why)
     return "spawn"
-
-
-def _open_store(port: int | None, timeout: float) -> tuple[Any, int]:
-    """Host the rendezvous TCPStore on 127.0.0.1: ``port`` if given and free, else a free port."""
-    import torch.distributed as dist
-
-    last: Exception | None = None
-    for attempt in range(_PORT_ATTEMPTS + (port is not None)):
-        wanted = port if (port is not None and attempt == 0) else _free_port()
-        try:
-            store = dist.TCPStore(_worker.HOST, wanted, None, True, timedelta(seconds=timeout),
-                                  wait_for_workers=False)
-            return store, wanted
-        except (RuntimeError, OSError) as err:  # DistNetworkError: EADDRINUSE
-            last = err
-            if port is not None and attempt == 0:
-                warnings.warn(f"port {port} is already in use on {_worker.HOST}; using a free port instead",
-                              stacklevel=3)
-    raise RuntimeError(f"could not open a rendezvous port on {_worker.HOST} after {_PORT_ATTEMPTS} tries: {last}")
 
 
 def _free_port() -> int:
