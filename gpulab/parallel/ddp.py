@@ -129,7 +129,7 @@ def bucket_assignment(params: Iterable[nn.Parameter], bucket_size_mb: float) -> 
     for i in reversed(range(len(params))):
         p = params[i]
         nbytes = p.numel() * p.element_size()
-        if buckets and (size + nbytes <= cap or size == 0) and kind == (p.dtype, p.device):
+        if buckets and size + nbytes <= cap and kind == (p.dtype, p.device):
             buckets[-1].append(i)
             size += nbytes
         else:

@@ -161,8 +161,10 @@ def distributed_accuracy(rank: int, world_size: int, correct: Sequence[bool], pa
     """
     import torch.distributed as dist
 
+    from gpulab.parallel.startup import rank_device
+
     cls = DistributedSampler if padded else UnpaddedDistributedSampler
     shard = list(cls(range(len(correct)), world_size, rank, shuffle=False))
-    counts = torch.tensor([float(sum(correct[i] for i in shard)), float(len(shard))], dtype=torch.float64)
+    counts = torch.tensor([float(sum(correct[i] for i in shard)), float(len(shard))], device=rank_device(rank))
     dist.all_reduce(counts)  # (correct, seen) summed over the ranks
     return (counts[0] / counts[1]).item()
