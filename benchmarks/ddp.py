@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from gpulab.parallel import StepTimingConfig, launch, resolve_backend, summarize_step_times, time_sync_strategies  # noqa: E402
 
 
@@ -32,6 +34,7 @@ def main() -> None:
     per_rank = launch(time_sync_strategies, world_size, args=(["naive", "bucketed", "torch_ddp", "local"], cfg),
                       echo=False)
     s = summarize_step_times(per_rank)
+    speedup, vs_torch = s["naive"] / s["bucketed"], s["bucketed"] / s["torch_ddp"]
     backend = resolve_backend("auto", world_size)
     print(json.dumps({
         "benchmark": "ddp_step_time",
@@ -41,12 +44,15 @@ def main() -> None:
         "cpu_cores": os.cpu_count(),
         "machine": platform.processor() or platform.machine(),
         "model": f"MLP {cfg.depth}x{cfg.width}, global batch {cfg.batch_size}, bucket {cfg.bucket_size_mb} MB",
-        "bucketed_speedup_vs_naive": round(s["naive"] / s["bucketed"], 2),
+        "torch": torch.__version__,
+        "bucketed_speedup_vs_naive": round(speedup, 2),
         "torch_ddp_speedup_vs_naive": round(s["naive"] / s["torch_ddp"], 2),
-        "bucketed_vs_torch_ddp_time": round(s["bucketed"] / s["torch_ddp"], 2),
+        "bucketed_vs_torch_ddp_time": round(vs_torch, 2),
         "sync_overhead_bucketed_vs_local": round(s["bucketed"] / s["local"], 2),
         "ms": {k: round(v * 1e3, 1) for k, v in s.items()},
         "wall_s": round(time.perf_counter() - t0, 1),
+        "target": "bucketed_speedup_vs_naive >= 1.5 and bucketed_vs_torch_ddp_time <= 1.5",
+        "ok": speedup >= 1.5 and vs_torch <= 1.5,
     }))
 
 

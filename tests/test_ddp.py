@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpulab.parallel import (BucketedDDP, NaiveDDP, StepTimingConfig, amp_settings, amp_step, bucket_assignment,
+from gpulab.parallel import (BucketedDDP, NaiveDDP, StepTimingConfig, allreduce_gradients, amp_settings, amp_step, bucket_assignment,
                              launch, make_grad_scaler, summarize_step_times, time_sync_strategies, unused_parameters)
 
 STEPS = 3
@@ -178,3 +178,27 @@ def test_step_time_harness_measures_every_strategy():
         assert v == sorted(max(a, b) for a, b in zip(per_rank[0][k], per_rank[1][k]))[1] > 0
     with pytest.raises(Exception, match="unknown strategy"):
         launch(time_sync_strategies, 1, args=(["fast"], cfg), echo=False)
+
+
+def _plan_rank(rank, world_size, plan):
+    BucketedDDP(Net(), assign_buckets=lambda params, mb: plan)
+
+
+def test_a_custom_bucket_plan_must_cover_every_parameter_once():
+    with pytest.raises(Exception, match="every parameter index 0..5 exactly once"):
+        launch(_plan_rank, 1, args=([[5, 4], [3, 2, 1]],), echo=False)  # index 0 is missing
+    with pytest.raises(Exception, match="exactly once"):
+        launch(_plan_rank, 1, args=([[5, 4, 3], [3, 2, 1, 0]],), echo=False)  # index 3 twice
+
+
+def test_allreduce_gradients_counts_its_calls_and_fills_missing_grads():
+    def worker(rank, world_size):
+        model = Net(with_unused=True)
+        x, y = _data()
+        nn.functional.cross_entropy(model(x.chunk(2)[rank]), y.chunk(2)[rank]).backward()
+        calls = allreduce_gradients(model, world_size)
+        return calls, model.unused.weight.grad.abs().sum().item(), model.out.weight.grad
+
+    (c0, z0, g0), (c1, z1, g1) = launch(worker, 2, echo=False)
+    assert c0 == c1 == 8 and z0 == z1 == 0.0
+    torch.testing.assert_close(g0, g1)  # both ranks hold the same averaged gradient
