@@ -115,10 +115,15 @@ def _amp_rank(rank, world_size, step_fn, num_steps, forbidden):
     return out
 
 
+def _preload_torch_ddp() -> None:
+    import torch._dynamo  # noqa: F401 - torch DDP imports it lazily; once here instead of in every forked rank
+
+
 def compare_amp_steps(step_fn: Callable, world_size: int = 2, *, num_steps: int = 4, forbidden: Sequence[Any] = (),
                       timeout: float = 60) -> list[dict[str, Any]]:
     """Per rank: ``{"yours": ..., "reference": ...}`` with losses, forward dtypes, parameter dtypes and
     parameters after ``num_steps`` of ``step_fn`` (same signature as :func:`amp_step`) under torch DDP."""
+    _preload_torch_ddp()
     return launch(_amp_rank, world_size, args=(step_fn, num_steps, tuple(forbidden)), timeout=timeout, echo=False)
 
 
@@ -172,6 +177,7 @@ def check_ddp_wrapping(wrap_fn: Callable, world_size: int = 2, *, num_steps: int
     Returns ``{"unused_branch": r, "all_used": r}`` with, from rank 0: ``is_ddp``, ``find_unused``
     (the flag the wrapper chose) and ``max_abs_diff`` against single-process training.
     """
+    _preload_torch_ddp()
     out = {}
     for key, use_aux in (("unused_branch", False), ("all_used", True)):
         per_rank = launch(_wrap_rank, world_size, args=(wrap_fn, use_aux, num_steps, tuple(forbidden)),

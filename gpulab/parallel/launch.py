@@ -181,7 +181,11 @@ def launch(
 
     Warning:
         A forked rank shares nothing with the caller after the fork: changes it makes to objects
-        (a model, a list) stay in the rank. Return what the caller needs.
+        (a model, a list) stay in the rank. Return what the caller needs. The other way round, a
+        rank inherits every module the caller has imported, and pays again for every lazy import
+        it triggers itself: torch's ``DistributedDataParallel`` imports ``torch._dynamo`` on first
+        use (about 3 s on 2 cores, in every rank of every launch), so ``import torch._dynamo`` in
+        the caller first when the ranks will build torch DDP.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1 (the number of processes), got {world_size!r}")
