@@ -11,3 +11,11 @@ each lives in a module about one idea:
 from gpulab.parallel.comm import broadcast, gather, reduce_add, scatter, to
 
 __all__ = ["to", "broadcast", "scatter", "gather", "reduce_add"]
+
+# Labs 04-05: DataParallel from its pieces, and the balanced criterion.
+from gpulab.parallel.balanced import DataParallelCriterion, DataParallelModel  # noqa: E402
+from gpulab.parallel.data_parallel import DataParallel  # noqa: E402
+from gpulab.parallel.parallel_apply import parallel_apply  # noqa: E402
+from gpulab.parallel.replicate import replicate  # noqa: E402
+
+__all__ += ["DataParallel", "DataParallelModel", "DataParallelCriterion", "replicate", "parallel_apply"]
