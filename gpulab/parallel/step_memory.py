@@ -42,7 +42,7 @@ class HeadWorkload:
     """The workload of labs 04-05 and the benchmark: a language-model head with a large vocabulary.
 
     Each sample's logits take ``4 * vocab`` bytes (117 KiB for 30,000 words) against ``4 * hidden``
-    for its input, and the parameters (``4 * hidden * vocab`` bytes, 7.3 MiB here) are small next to
+    for its input, and the parameters (``4 * hidden * vocab`` bytes, 7.5 MiB here) are small next to
     a batch of logits: the regime where gathering the outputs on one device dominates its memory.
     A small ``hidden`` keeps a step fast on a 2-core laptop without changing the lesson.
 
