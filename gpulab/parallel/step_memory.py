@@ -12,6 +12,12 @@ What is counted: the model's parameters and the batch, both on ``devices[0]`` be
 a batch a DataLoader sent to the first GPU), and everything the step allocates on every device.
 Gradients are cleared before and after, so every measurement starts from the same state.
 
+Caveat: under any ``TorchDispatchMode`` (the meter is one) autograd sums the gradients that meet at
+one tensor out of place (``a + b``) instead of in place (``a.add_(b)``, what it does without a mode).
+Where the replicas' gradients are added onto the original weights (device 0), the meter therefore
+counts one parameter-sized buffer more than an unmetered run allocates: a model whose parameters
+outweigh its activations shows 4x the parameters on device 0 where 3x are really needed.
+
 Example::
 
     report = step_memory(DataParallel(head, devices), F.cross_entropy, x, y, devices)
