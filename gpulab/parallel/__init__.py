@@ -15,6 +15,17 @@ from gpulab.parallel.comm import broadcast, gather, reduce_add, scatter, to
 
 __all__ = ["to", "broadcast", "scatter", "gather", "reduce_add"]
 
+# Labs 04-05: DataParallel from its pieces (scatter_gather, replicate, parallel_apply, data_parallel),
+# the balanced criterion (balanced) and the memory measurements (step_memory). As in torch.nn.parallel,
+# the re-exported functions `replicate` and `parallel_apply` hide their modules as attributes of this
+# package: import from the modules with `from gpulab.parallel.parallel_apply import ...`.
+from gpulab.parallel.balanced import DataParallelCriterion, DataParallelModel  # noqa: E402
+from gpulab.parallel.data_parallel import DataParallel  # noqa: E402
+from gpulab.parallel.parallel_apply import parallel_apply  # noqa: E402
+from gpulab.parallel.replicate import replicate  # noqa: E402
+
+__all__ += ["DataParallel", "DataParallelModel", "DataParallelCriterion", "replicate", "parallel_apply"]
+
 # lab 06: DistributedDataParallel
 from gpulab.parallel.launch import LaunchTimeoutError, RankFailedError, launch  # noqa: E402
 from gpulab.parallel.startup import rank_device, resolve_backend, threads_per_rank  # noqa: E402
