@@ -317,11 +317,12 @@ class LeakFinder:
             _, ax = plt.subplots(figsize=(6, 3))
         ax.plot(range(len(self.history)), [b / 2**20 for b in self.history], "o-", ms=3,
                 label=label or ("leaking" if self.leaking else "steady"))
+        drawn = {line.get_label() for line in ax.get_lines()}  # a second finder on the same axes
         budget = budget if budget is not None else (self._meter.budget if self._meter is not None else None)
-        if budget is not None:
+        if budget is not None and "budget" not in drawn:
             ax.axhline(budget / 2**20, color="red", linestyle="--", label="budget")
         if self.leak_step is not None:
-            ax.axvline(self.leak_step, color="gray", linestyle=":", label="flagged")
+            ax.axvline(self.leak_step, color="gray", linestyle=":", label="_" if "flagged" in drawn else "flagged")
         ax.set(xlabel="step", ylabel="live MiB after the step")
         ax.legend(fontsize="small")
         return ax
