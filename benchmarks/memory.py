@@ -12,6 +12,14 @@ backward, the gradients, the temporaries). Memory figures are exact and determin
 ratios are variant / float32, lower is better. On a GPU the CUDA allocator's own peak
 (``max_memory_allocated``, which also holds cuDNN/cuBLAS workspaces) is reported beside them.
 
+Recorded on a 2-core CPU (benchmarks/results/memory-cpu.json): bf16 0.60 (CNN) and 0.63
+(transformer), checkpointing 0.79 and 0.44. bf16 does not halve the peak because not everything
+saved is a float activation: MaxPool2d saves int64 indices (1.75 of the CNN's 9.5 MiB), and the
+transformer's residual stream and layer norms stay float32 under autocast; autocast's bf16 copies
+of the weights and the float32 gradients add a little. The autocast policy for these ops is the
+same on CUDA, so a GPU should show similar meter ratios (not measured here); its allocator peak
+also holds kernel workspaces.
+
 Step times (``time_ratio``, variant / float32, the best of ``--repeats`` interleaved runs without
 the meter, the least disturbed by other work) say what the memory costs: checkpointing runs each checkpointed forward twice. bf16 is
 only fast on hardware with bf16 units (GPU tensor cores, CPUs with AMX / AVX512-BF16); elsewhere

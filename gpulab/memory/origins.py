@@ -105,7 +105,7 @@ class OriginTracer(TorchDispatchMode):
         self._refs: dict[int, weakref.ref] = {}
         self.step = 0
         self.dropped = 0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a storage freed while we hold it calls _forget here
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
