@@ -11,7 +11,7 @@ Lab 08's tools for out-of-memory errors:
 
 - :func:`memory_report` (:mod:`~gpulab.memory.cuda_report`): the CUDA allocator's statistics on a
   GPU, a meter's otherwise.
-- :class:`LeakFinder` (:mod:`~gpulab.memory.leaks`, :mod:`~gpulab.memory.origins`): live memory
+- :class:`LeakFinder` (:mod:`~gpulab.memory.leaks`, :mod:`~gpulab.memory.origins`, :mod:`~gpulab.memory.trend`): live memory
   per step, a leak verdict, and the surviving tensors with the line that made them.
 - :func:`find_max_batch_size` (:mod:`~gpulab.memory.batch_size`): binary search under a budget.
 - :func:`oom_retry` (:mod:`~gpulab.memory.retry`): a step that splits the batch on out-of-memory.
@@ -28,7 +28,8 @@ __all__ = ["MemoryMeter", "MemoryReport", "DeviceMemory", "format_bytes"]
 # lab 08: out-of-memory tools
 from gpulab.memory.batch_size import find_max_batch_size, free_memory  # noqa: E402
 from gpulab.memory.cuda_report import MemoryStatus, memory_report  # noqa: E402
-from gpulab.memory.leaks import LeakCriterion, LeakFinder, LeakReport  # noqa: E402
+from gpulab.memory.leaks import LeakFinder, LeakReport  # noqa: E402
+from gpulab.memory.trend import LeakCriterion  # noqa: E402
 from gpulab.memory.retry import OOMRetry, accumulate_step, oom_retry  # noqa: E402
 from gpulab.memory.savings import peak_memory  # noqa: E402
 from gpulab.memory.summary import ModelSummary, ShapeMismatchError, summary  # noqa: E402

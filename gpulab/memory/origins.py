@@ -23,7 +23,6 @@ import threading
 import weakref
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -172,8 +171,3 @@ class OriginTracer(TorchDispatchMode):
         with self._lock:
             return list(self.records.values())
 
-
-def describe(origins: Any) -> str:  # pragma: no cover - a debugging aid
-    """One line per origin (for a quick look in a debugger)."""
-    return "\n".join(f"{o.nbytes} B {o.shape} {o.dtype} step {o.step} at {o.frames()[0] if o.stack else '?'}"
-                     for o in origins)
