@@ -67,7 +67,7 @@ class Frame:
         name = os.path.basename(self.filename)
         if "ipykernel" in self.filename:
             name = "cell"
-        line = self.code
+        line = self.code.split("  # ")[0].rstrip()  # the statement, without a trailing comment
         return f"{name}:{self.lineno} in {self.function}" + (f": {line}" if line else "")
 
 
