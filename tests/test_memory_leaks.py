@@ -160,6 +160,19 @@ def test_reads_a_given_meter_and_its_budget() -> None:
     assert ax.get_lines()  # the history and the budget line
 
 
+def test_views_and_in_place_results_are_not_new_tensors() -> None:
+    with LeakFinder() as finder:
+        x = torch.empty(100)
+        finder.step()
+        views = [x.view(10, 10), x[3:], x.t()]
+        x.add_(1)
+        finder.step()
+        finder.step()
+    survivors = finder.survivors()
+    assert [(s.shape, s.nbytes, s.step) for s in survivors] == [((100,), 400, 0)]
+    del views
+
+
 def test_tracing_is_bounded() -> None:
     keep = []
     with LeakFinder(max_records=5) as finder:

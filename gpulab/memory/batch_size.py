@@ -58,7 +58,7 @@ def _check_args(step_fn: Any, lo: Any, hi: Any, budget: Any) -> None:
 
 def find_max_batch_size(step_fn: Callable[[int], Any], lo: int, hi: int, budget: int | None = None, *,
                         track: Any = None, device: torch.device | str | None = None,
-                        log: list[Try] | None = None, progress: bool = False) -> int:
+                        log: list[Try] | None = None, disable: bool = False) -> int:
     """The largest batch size in ``[lo, hi]`` for which ``step_fn(batch_size)`` fits in memory.
 
     Args:
@@ -72,7 +72,7 @@ def find_max_batch_size(step_fn: Callable[[int], Any], lo: int, hi: int, budget:
             the model's weights do on a GPU.
         device: the device the step runs on (default: the GPU, else the CPU).
         log: a list to which ``(batch_size, fits, peak_bytes)`` is appended per try.
-        progress: show a tqdm bar.
+        disable: no tqdm progress bar (one tick per try).
 
     Returns:
         The largest batch size that fits (``hi`` if ``hi`` fits: the true maximum may be larger).
@@ -84,15 +84,17 @@ def find_max_batch_size(step_fn: Callable[[int], Any], lo: int, hi: int, budget:
         Exception: whatever ``step_fn`` raises other than ``torch.OutOfMemoryError``, unchanged.
 
     Warning:
-        On a real GPU, memory held outside the step (an earlier cell's tensors, another process)
-        counts too, and fragmentation can make a size that fitted alone fail later: keep a margin.
+        Under a budget only memory on ``device`` counts: on a GPU machine, a step that makes its
+        tensors on the CPU never runs out, and the answer is ``hi``. On a real GPU, memory held
+        outside the step (an earlier cell's tensors, another process) counts too, and
+        fragmentation can make a size that fitted alone fail later: keep a margin.
     """
     _check_args(step_fn, lo, hi, budget)
     device = torch.device(device) if device is not None else default_device()
     if budget is None and not (device.type == "cuda" and torch.cuda.is_available()):
         raise ValueError(f"no budget= and no GPU ({device}): there is no memory limit to search against. Pass "
                          "budget=<bytes> to search under a MemoryMeter, e.g. budget=64 * 2**20")
-    bar = tqdm(total=max(1, (hi - lo).bit_length() + 2), desc="max batch size", disable=not progress, leave=False)
+    bar = tqdm(total=max(1, (hi - lo).bit_length() + 2), desc="max batch size", disable=disable, leave=False)
 
     def fits(batch_size: int) -> bool:
         ok, peak, detail = _try(step_fn, batch_size, budget, track, device)
