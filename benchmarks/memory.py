@@ -15,13 +15,17 @@ ratios are variant / float32, lower is better. On a GPU the CUDA allocator's own
 Recorded on a 2-core CPU (benchmarks/results/memory-cpu.json): bf16 0.60 (CNN) and 0.63
 (transformer), checkpointing 0.79 and 0.44. bf16 does not halve the peak because not everything
 saved is a float activation: MaxPool2d saves int64 indices (1.75 of the CNN's 9.5 MiB), and the
-transformer's residual stream and layer norms stay float32 under autocast; autocast's bf16 copies
-of the weights and the float32 gradients add a little. The autocast policy for these ops is the
-same on CUDA, so a GPU should show similar meter ratios (not measured here); its allocator peak
-also holds kernel workspaces.
+transformer's residual stream (float32 input + bf16 branch -> float32) and the layer norms on it
+stay float32; autocast's bf16 copies of the weights and the float32 gradients add a little. CUDA's
+autocast also forces softmax and layer norm to float32, where CPU autocast keeps their input's
+dtype; here the layer norms see the float32 residual stream anyway and attention runs in the fused
+scaled-dot-product kernel, so a GPU should show similar meter ratios (not measured: no GPU was
+available). Its allocator peak also holds kernel workspaces.
 
 Step times (``time_ratio``, variant / float32, the best of ``--repeats`` interleaved runs without
-the meter, the least disturbed by other work) say what the memory costs: checkpointing runs each checkpointed forward twice. bf16 is
+the meter, the least disturbed by other work) say what the memory costs: checkpointing runs each
+checkpointed forward twice (measured 1.6-1.9x here: with blocks this small, checkpoint's own
+Python overhead weighs too). bf16 is
 only fast on hardware with bf16 units (GPU tensor cores, CPUs with AMX / AVX512-BF16); elsewhere
 it is emulated and slower. Prints one JSON line; lab 08's thresholds are set from it.
 """

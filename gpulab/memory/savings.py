@@ -5,7 +5,8 @@ A training step's peak is mostly activations saved for backward. Two standard wa
 - **bf16 autocast** (``torch.autocast(device_type, dtype=torch.bfloat16)``): matmuls and
   convolutions run in bfloat16, so the activations they produce and save take 2 bytes instead of
   4. The weights stay float32 (autocast casts a bf16 copy per region, cached), so do the
-  gradients; ops that need range (softmax, losses, layer norm on CPU) stay float32. bf16 has
+  gradients; losses run in float32 (on CUDA also softmax and layer norm, which CPU autocast
+  leaves in their input's dtype), and element-wise ops follow their inputs. bf16 has
   float32's exponent range, so unlike fp16 it needs no loss scaling (``GradScaler``). The seed
   notes say "fp16"; on a GPU since Ampere, and on CPUs, bf16 is the better default.
 - **activation checkpointing** (``torch.utils.checkpoint.checkpoint``, Chen et al. 2016,
