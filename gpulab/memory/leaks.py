@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from gpulab import logical
+from gpulab import placement
 from gpulab.memory.meter import MemoryMeter
 from gpulab.memory.origins import Frame, Origin, OriginTracer
 from gpulab.memory.trend import LeakCriterion
@@ -142,7 +142,7 @@ class LeakFinder:
     def __enter__(self) -> "LeakFinder":
         if self._state != "new":
             raise RuntimeError("a LeakFinder watches one loop: create a new LeakFinder() for another")
-        dev = logical.default_for(self._device)
+        dev = placement.default_for(self._device)
         if self._given is not None:
             if not self._given.active:
                 raise ValueError("meter= must be active: enter it first (`with meter, LeakFinder(meter) as f:`)")
