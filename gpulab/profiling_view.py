@@ -19,9 +19,11 @@ def format_profile(prof: "LoopProfile") -> str:
     lines = [f"profile_loop: {prof.num_steps} steps on {prof.device}; "
              f"num_workers={prof.num_workers}, {prof.cpu_count} cores, batch_size={prof.batch_size}",
              f"  wall {prof.wall_s:.2f} s, {prof.throughput:.1f} {unit}",
-             f"  device busy   {100 * prof.busy_fraction:5.1f} %"]
-    for k in ("data", "copy", "sync", "host", "other"):
-        lines.append(f"  host {k:<8} {100 * f[k]:5.1f} %")
+             f"  device busy    {100 * prof.busy_fraction:5.1f} %"]
+    # host-side phases; "host" is the step function's own host time (launching work, Python)
+    for k, label in (("data", "data wait"), ("copy", "copy"), ("sync", "sync"), ("host", "step work"),
+                     ("other", "other")):
+        lines.append(f"  host {label:<9} {100 * f[k]:5.1f} %")
     lines.append("verdict: " + prof.verdict)
     return "\n".join(lines)
 
