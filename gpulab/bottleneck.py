@@ -136,7 +136,8 @@ def workers_advice(num_workers: int | None, cpu_count: int) -> str:
     if num_workers == 0:
         return f"num_workers=0 on {n} cores, try {span}"
     if num_workers < hi:
-        return (f"num_workers={num_workers} on {n} cores, try {max(num_workers + 1, lo)}-{hi} "
+        first = max(num_workers + 1, lo)
+        return (f"num_workers={num_workers} on {n} cores, try {first if first == hi else f'{first}-{hi}'} "
                 "with persistent_workers=True")
     if num_workers < n:
         return (f"num_workers={num_workers} on {n} cores: add persistent_workers=True and a larger "

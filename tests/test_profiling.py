@@ -288,6 +288,7 @@ def test_verdict_advice_follows_workers_and_cores() -> None:
     assert v.startswith("data-bound: 63 % of each step waits for the next batch") and v.endswith("num_workers=0 on 16 cores, try 4-8")
     assert bottleneck.suggested_workers(2) == (1, 2) and bottleneck.suggested_workers(8) == (2, 4)
     assert "try 3-4" in bottleneck.workers_advice(2, 8)
+    assert "try 2 with persistent" in bottleneck.workers_advice(1, 2)  # a range of one is one number
     assert "already uses all 2 cores" in bottleneck.workers_advice(2, 2)
     assert "1 core" in bottleneck.workers_advice(0, 1)
     assert "not a torch DataLoader" in bottleneck.workers_advice(None, 4)
