@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml
 lab: setup release  ## release the labs, copy new ones into work/, start JupyterLab
 	"$(PY)" -m gpulab.course copy-work --course "$(COURSE)" --work "$(WORK)"
 	@echo "Starting JupyterLab in $(WORK); open the URL printed below (http://127.0.0.1:$(PORT)/lab?token=...)."
-	cd "$(WORK)" && "$(VENV)/bin/jupyter" lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir="$(WORK)"
+	cd "$(WORK)" && "$(VENV)/bin/jupyter" lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir="$(WORK)" $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup  ## run the whole test suite
 	"$(PY)" -m pytest $(PYTEST_ARGS)
