@@ -310,3 +310,17 @@ def test_cuda_streams_on_two_gpus_match_the_whole_model():
     whole(x).sum().backward()
     for p1, p2 in zip(whole.parameters(), pipe.parameters()):
         torch.testing.assert_close(p2.grad.cpu(), p1.grad.cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_stage_may_start_with_an_in_place_layer(devices):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(inplace=True), nn.Linear(6, 2))
+    whole = copy.deepcopy(model)
+    pipe = PipelinedModel(split_model(model, devices, boundaries=[1]), 3)
+    x1 = torch.randn(7, 4, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_()
+    whole(x1).square().sum().backward()
+    pipe(x2).square().sum().backward()
+    torch.testing.assert_close(x2.grad, x1.grad)
+    for p1, p2 in zip(whole.parameters(), pipe.parameters()):
+        torch.testing.assert_close(p2.grad, p1.grad)

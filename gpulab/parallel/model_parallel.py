@@ -12,7 +12,8 @@ Where to cut (:func:`split_model`, ``balance=``):
 - ``"params"`` (the default, no input needed): equal parameter counts, i.e. equal memory for
   the weights, which is why one splits a model in the first place. For a ResNet that is a poor
   *time* balance: the last stage has most of the weights and little of the compute.
-- ``"time"`` (needs ``sample=``): equal measured forward time per stage, what a pipeline needs.
+- ``"time"`` (needs ``sample=``): equal measured time per stage (forward + backward of a
+  micro-batch-sized ``sample``), what a training pipeline needs.
 - ``"flops"`` (needs ``sample=``): equal counted floating-point operations; like ``"time"``
   but deterministic (it ignores memory-bound layers such as pooling and BatchNorm).
 
@@ -127,12 +128,13 @@ def model_layers(model: nn.Module | Sequence[nn.Module]) -> list[nn.Module]:
 
 def layer_costs(layers: Sequence[nn.Module], balance: Balance = "params", sample: torch.Tensor | None = None,
                 *, repeats: int = 3) -> list[float]:
-    """The cost of each layer: parameter count, measured forward seconds, or counted FLOPs.
+    """The cost of each layer: parameter count, measured seconds, or counted forward FLOPs.
 
-    ``"time"`` runs ``sample`` through the layers ``repeats`` times (after a warm-up) and keeps
-    each layer's median, in eval mode and without gradients, so BatchNorm's running statistics
-    are left as they were. Measure with the threads the real run will use (lab 07 uses one
-    intra-op thread per device: :func:`gpulab.parallel.one_core_per_device`).
+    ``"time"`` runs ``sample`` forward and backward through each layer ``repeats`` times (after
+    a warm-up) and keeps each layer's median: a training step's cost. It runs in eval mode and
+    through ``torch.autograd.grad``, so BatchNorm's running statistics and the ``.grad`` of the
+    parameters are left as they were. Measure with the threads the real run will use (lab 07 uses one
+    intra-op thread per device: :func:`gpulab.parallel.intra_op_threads`).
 
     Raises:
         ValueError: for an unknown ``balance``, or ``"time"`` / ``"flops"`` without ``sample``.
@@ -162,12 +164,18 @@ def layer_costs(layers: Sequence[nn.Module], balance: Balance = "params", sample
             for r in range(repeats + 1):  # the first pass warms up (allocator, kernels)
                 h = sample
                 for i, layer in enumerate(layers):
-                    t0 = time.perf_counter()
-                    h = layer(h)
-                    if h.is_cuda:
-                        torch.cuda.synchronize(h.device)  # GPU kernels are asynchronous
+                    with torch.enable_grad():  # a training step's cost: forward + backward
+                        t0 = time.perf_counter()
+                        h_in = h.detach().requires_grad_(h.is_floating_point())
+                        out = layer(h_in.clone())  # not the leaf itself: a layer may work in place
+                        wrt = [t for t in (h_in, *layer.parameters()) if t.requires_grad]
+                        if wrt and out.requires_grad:  # grad(), not backward(): no .grad is touched
+                            torch.autograd.grad(out, wrt, torch.ones_like(out))
+                        if out.is_cuda:
+                            torch.cuda.synchronize(out.device)  # GPU kernels are asynchronous
                     if r:
                         times[i].append(time.perf_counter() - t0)
+                    h = out.detach()
             return [statistics.median(t) for t in times]
     finally:
         for layer, mode in zip(layers, was_training):
@@ -218,9 +226,10 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
             layers 0-4 on ``devices[0]`` and the rest on ``devices[1]``. Default: chosen by
             ``balance``.
         balance: how to choose the cut when ``boundaries`` is None: ``"params"`` (default:
-            equal parameter counts, i.e. equal weight memory), ``"time"`` (equal measured forward
-            time) or ``"flops"``; the last two need ``sample``. See the module docstring.
-        sample: a small input batch, for ``balance="time"`` or ``"flops"``.
+            equal parameter counts, i.e. equal weight memory), ``"time"`` (equal measured forward +
+            backward time) or ``"flops"``; the last two need ``sample``. See the module docstring.
+        sample: an input batch, for ``balance="time"`` or ``"flops"``; for a pipeline, one
+            micro-batch (costs depend on the batch size).
 
     Returns:
         A :class:`SplitModel`. Its stages are the model's own layers, moved in place (like

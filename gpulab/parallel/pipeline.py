@@ -157,13 +157,13 @@ class _Run:
         self.saved = [[None] * len(micro) for _ in range(num)]
 
         def work(s: int, j: int, item: tuple[torch.Tensor, bool]) -> tuple[torch.Tensor, bool]:
-            x, needs_grad = item
-            x = comm.to(x, self.devices[s])
-            if needs_grad:
-                x = x.detach().requires_grad_()  # a leaf: this stage's backward stops here
-            out = self.stages[s](x)
+            received, needs_grad = item  # detached: the graph of the stage before ends there
+            leaf = received.detach().requires_grad_() if needs_grad else received
+            # the copy is part of this stage's graph, so the stage gets a non-leaf input (in-place
+            # layers work) and the gradient lands on the device of the stage before (leaf.grad)
+            out = self.stages[s](comm.to(leaf, self.devices[s]))
             if grad:
-                self.saved[s][j] = (x if needs_grad else None, out)
+                self.saved[s][j] = (leaf if needs_grad else None, out)
                 return out.detach(), out.requires_grad
             return out, False
 
@@ -180,8 +180,8 @@ class _Run:
             self.saved[s][j] = None  # free this micro-batch's activations as soon as they are used
             if grad is None or not out.requires_grad:
                 return None
-            torch.autograd.backward(out, comm.to(grad, self.devices[s]))  # accumulates into .grad
-            return None if x is None else x.grad
+            torch.autograd.backward(out, grad)  # accumulates into the stage's .grad
+            return None if x is None else x.grad  # on the device of the stage before
 
         return self.chain(range(len(self.stages) - 1, -1, -1), grads, work, "backward", False)
 
