@@ -168,10 +168,10 @@ def test_time_balance_leaves_batchnorm_and_modes_alone(devices):
 
 
 def test_time_and_flops_balance_need_a_sample(devices):
-    for balance in ("time", "flops"):
+    for balance in ("time", "forward_time", "flops"):
         with pytest.raises(ValueError, match="sample="):
             split_model(_resnet(), devices, balance=balance)
-    with pytest.raises(ValueError, match="'params', 'time' or 'flops'"):
+    with pytest.raises(ValueError, match="'params', 'time', 'forward_time' or 'flops'"):
         split_model(_resnet(), devices, balance="memory")
 
 

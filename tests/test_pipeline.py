@@ -18,8 +18,8 @@ from torch import nn
 from gpulab.devices import cuda_device_count, logical_devices, placement
 from gpulab.memory import MemoryMeter
 from gpulab.models import resnet
-from gpulab.parallel import (PipelinedModel, StageEvent, bubble_fraction, intra_op_threads, measured_bubble,
-                             split_model)
+from gpulab.parallel import (PipelinedModel, StageEvent, batchnorm_to_groupnorm, bubble_fraction, intra_op_threads,
+                             measured_bubble, split_model)
 
 
 @pytest.fixture
@@ -27,20 +27,10 @@ def devices():
     return logical_devices(2, ["cpu"])
 
 
-def _groupnorm(model: nn.Module) -> nn.Module:
-    """The model with every BatchNorm2d replaced by a GroupNorm (per-sample statistics)."""
-    for name, child in model.named_children():
-        if isinstance(child, nn.BatchNorm2d):
-            setattr(model, name, nn.GroupNorm(2, child.num_features))
-        else:
-            _groupnorm(child)
-    return model
-
-
 def _model(norm: str = "batch", seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     model = resnet(18, num_classes=5, width=4)
-    return (_groupnorm(model) if norm == "group" else model).double()
+    return (batchnorm_to_groupnorm(model, 2) if norm == "group" else model).double()
 
 
 def _images(n: int = 8, seed: int = 1) -> torch.Tensor:
@@ -324,3 +314,14 @@ def test_a_stage_may_start_with_an_in_place_layer(devices):
     torch.testing.assert_close(x2.grad, x1.grad)
     for p1, p2 in zip(whole.parameters(), pipe.parameters()):
         torch.testing.assert_close(p2.grad, p1.grad)
+
+
+def test_groupnorm_makes_the_model_independent_of_how_the_batch_is_cut():
+    model = batchnorm_to_groupnorm(resnet(18, num_classes=5, width=4)).double().train()
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+    assert norms and all(m.num_channels % m.num_groups == 0 for m in norms)
+    x = _images()
+    torch.testing.assert_close(model(x), torch.cat([model(x[:3]), model(x[3:])]))
+    with pytest.raises(ValueError, match="positive int"):
+        batchnorm_to_groupnorm(model, 0)

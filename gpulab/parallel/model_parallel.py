@@ -13,7 +13,8 @@ Where to cut (:func:`split_model`, ``balance=``):
   the weights, which is why one splits a model in the first place. For a ResNet that is a poor
   *time* balance: the last stage has most of the weights and little of the compute.
 - ``"time"`` (needs ``sample=``): equal measured time per stage (forward + backward of a
-  micro-batch-sized ``sample``), what a training pipeline needs.
+  micro-batch-sized ``sample``), what a training pipeline needs; ``"forward_time"`` measures
+  the forward pass only, for inference.
 - ``"flops"`` (needs ``sample=``): equal counted floating-point operations; like ``"time"``
   but deterministic (it ignores memory-bound layers such as pooling and BatchNorm).
 
@@ -42,7 +43,7 @@ from gpulab.parallel import comm
 
 __all__ = ["SplitModel", "split_model", "model_layers", "layer_costs", "balanced_boundaries"]
 
-Balance = Literal["params", "time", "flops"]
+Balance = Literal["params", "time", "forward_time", "flops"]
 
 
 class SplitModel(nn.Module):
@@ -131,18 +132,19 @@ def layer_costs(layers: Sequence[nn.Module], balance: Balance = "params", sample
     """The cost of each layer: parameter count, measured seconds, or counted forward FLOPs.
 
     ``"time"`` runs ``sample`` forward and backward through each layer ``repeats`` times (after
-    a warm-up) and keeps each layer's median: a training step's cost. It runs in eval mode and
+    a warm-up) and keeps each layer's median: a training step's cost (``"forward_time"``: the
+    forward pass only, an inference's cost). It runs in eval mode and
     through ``torch.autograd.grad``, so BatchNorm's running statistics and the ``.grad`` of the
     parameters are left as they were. Measure with the threads the real run will use (lab 07 uses one
     intra-op thread per device: :func:`gpulab.parallel.intra_op_threads`).
 
     Raises:
-        ValueError: for an unknown ``balance``, or ``"time"`` / ``"flops"`` without ``sample``.
+        ValueError: for an unknown ``balance``, or one that runs the layers without ``sample``.
     """
     if balance == "params":
         return [float(sum(p.numel() for p in layer.parameters())) for layer in layers]
-    if balance not in ("time", "flops"):
-        raise ValueError(f"balance must be 'params', 'time' or 'flops', got {balance!r}")
+    if balance not in ("time", "forward_time", "flops"):
+        raise ValueError(f"balance must be 'params', 'time', 'forward_time' or 'flops', got {balance!r}")
     if not isinstance(sample, torch.Tensor):
         raise ValueError(f"balance={balance!r} runs the layers: pass sample=a small input batch, e.g. x[:8]")
     was_training = [layer.training for layer in layers]
@@ -164,12 +166,13 @@ def layer_costs(layers: Sequence[nn.Module], balance: Balance = "params", sample
             for r in range(repeats + 1):  # the first pass warms up (allocator, kernels)
                 h = sample
                 for i, layer in enumerate(layers):
-                    with torch.enable_grad():  # a training step's cost: forward + backward
+                    train = balance == "time"
+                    with torch.set_grad_enabled(train):  # a training step: forward + backward
                         t0 = time.perf_counter()
-                        h_in = h.detach().requires_grad_(h.is_floating_point())
-                        out = layer(h_in.clone())  # not the leaf itself: a layer may work in place
+                        h_in = h.detach().requires_grad_(train and h.is_floating_point())
+                        out = layer(h_in.clone() if train else h_in)  # a layer may work in place: not on a leaf
                         wrt = [t for t in (h_in, *layer.parameters()) if t.requires_grad]
-                        if wrt and out.requires_grad:  # grad(), not backward(): no .grad is touched
+                        if train and wrt and out.requires_grad:  # grad(), not backward(): no .grad touched
                             torch.autograd.grad(out, wrt, torch.ones_like(out))
                         if out.is_cuda:
                             torch.cuda.synchronize(out.device)  # GPU kernels are asynchronous
@@ -227,8 +230,9 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
             ``balance``.
         balance: how to choose the cut when ``boundaries`` is None: ``"params"`` (default:
             equal parameter counts, i.e. equal weight memory), ``"time"`` (equal measured forward +
-            backward time) or ``"flops"``; the last two need ``sample``. See the module docstring.
-        sample: an input batch, for ``balance="time"`` or ``"flops"``; for a pipeline, one
+            backward time), ``"forward_time"`` or ``"flops"``; all but ``"params"`` need
+            ``sample``. See the module docstring.
+        sample: an input batch, for ``balance="time"``, ``"forward_time"`` or ``"flops"``; for a pipeline, one
             micro-batch (costs depend on the batch size).
 
     Returns:

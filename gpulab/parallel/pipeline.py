@@ -21,7 +21,7 @@ How the stages overlap depends on the devices:
 
 Warning:
     Model each logical device as **one core**: run the compared variants inside
-    :func:`intra_op_threads(1) <intra_op_threads>`. ``torch.set_num_threads`` is process-wide, so
+    :func:`intra_op_threads(1) <gpulab.parallel.pipeline_timing.intra_op_threads>`. ``torch.set_num_threads`` is process-wide, so
     without it a pipelined run puts two stages x all cores of intra-op threads on the machine, and
     a single-device run gets every core for itself: neither compares devices.
 
@@ -36,11 +36,10 @@ Warning:
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -52,28 +51,9 @@ from gpulab.parallel import comm
 from gpulab.parallel.bubble import StageEvent
 from gpulab.parallel.model_parallel import SplitModel
 
-__all__ = ["PipelinedModel", "intra_op_threads"]
+__all__ = ["PipelinedModel"]
 
 _STOP = object()  # tells a stage thread that the stage before it failed
-
-
-@contextlib.contextmanager
-def intra_op_threads(num_threads: int = 1) -> Iterator[None]:
-    """Run the block with ``torch.set_num_threads(num_threads)``, then restore the old value.
-
-    ``torch.set_num_threads`` is process-wide (every thread's kernels share the setting), so one
-    stage cannot have its own. Setting 1 for *every* compared run (one device, the naive split,
-    sequential and pipelined micro-batches) gives each logical device one core's worth of compute:
-    the comparison then measures overlap, not a different number of cores.
-    """
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-        raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
-    old = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _noted(err: BaseException, stage: int, device: LogicalDevice, micro_batch: int, phase: str) -> BaseException:

@@ -20,16 +20,37 @@ the call really had, which tells a loaded machine (a pipelined run on ~1 core) f
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-__all__ = ["Timings", "time_interleaved", "train_step"]
+__all__ = ["Timings", "intra_op_threads", "time_interleaved", "train_step"]
+
+
+@contextlib.contextmanager
+def intra_op_threads(num_threads: int = 1) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(num_threads)``, then restore the old value.
+
+    ``torch.set_num_threads`` is process-wide (every thread's kernels share the setting), so one
+    stage cannot have its own. Setting 1 for *every* compared run (one device, the naive split,
+    sequential and pipelined micro-batches) gives each logical device one core's worth of compute:
+    the comparison then measures overlap, not a different number of cores.
+    """
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
+    old = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
 
 
 def train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
