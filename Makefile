@@ -20,7 +20,15 @@ TORCH_INDEX ?=
 COURSE  := $(CURDIR)/notebooks
 WORK    ?= $(CURDIR)/work
 LAB     ?=
+# make grade: parallel autogrades, and each submission's limits (empty = the defaults in
+# docs/instructor.md: one job per core, 900 s wall clock, nbgrader_config.py's cell timeout, 4 GiB)
 JOBS    ?=
+WALL_TIMEOUT ?=
+CELL_TIMEOUT ?=
+MEMORY_MB ?=
+# make collect: the LMS download, and a file-name pattern if the default does not fit
+ARCHIVE ?=
+REGEXP  ?=
 PORT    ?= 8888
 PYTEST_ARGS ?=
 
@@ -56,11 +64,17 @@ release: setup  ## nbgrader generate_assignment for every lab (notebooks/release
 check: setup  ## validate your notebooks in work/
 	"$(PY)" -m gpulab.course check --work "$(WORK)" $(if $(LAB),--lab $(LAB))
 
-grade: setup  ## autograde notebooks/submitted (LAB=<lab> for one lab) and export grades.csv
-	"$(PY)" -m gpulab.course grade --course "$(COURSE)" $(if $(LAB),--lab $(LAB)) $(if $(JOBS),--jobs $(JOBS))
+grade: setup  ## autograde notebooks/submitted in parallel, sandboxed; grades.csv (LAB= JOBS= WALL_TIMEOUT= CELL_TIMEOUT= MEMORY_MB=)
+	"$(PY)" -m gpulab.course grade --course "$(COURSE)" $(if $(LAB),--lab $(LAB)) $(if $(JOBS),--jobs $(JOBS)) \
+		$(if $(WALL_TIMEOUT),--wall-timeout $(WALL_TIMEOUT)) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT)) \
+		$(if $(MEMORY_MB),--memory-mb $(MEMORY_MB))
 
-feedback: setup  ## write HTML feedback for every autograded submission
+feedback: setup  ## HTML feedback for every graded submission, hidden tests removed (LAB=<lab> for one)
 	"$(PY)" -m gpulab.course feedback --course "$(COURSE)" $(if $(LAB),--lab $(LAB))
+
+collect: setup  ## import an LMS download: make collect LAB=00_setup ARCHIVE=submissions.zip [REGEXP=...]
+	"$(PY)" -m gpulab.course collect --course "$(COURSE)" --lab "$(LAB)" --archive "$(ARCHIVE)" \
+		$(if $(REGEXP),--regexp '$(value REGEXP)')
 
 bench: setup  ## run every benchmark; each prints one JSON line
 	@for b in benchmarks/*.py; do echo "== $$b"; "$(PY)" "$$b"; done

@@ -5,7 +5,8 @@ Nothing in gpulab hard-codes ``"cuda"``: code asks :func:`default_device` or
 
 Multi-device lessons use *logical devices* (:func:`logical_devices`, :class:`LogicalDevice`,
 :func:`current_device`, :func:`placement`): they live in :mod:`gpulab.logical` and are re-exported
-here, so ``from gpulab.devices import logical_devices`` works.
+here with :func:`placement` (from :mod:`gpulab.placement`), so ``from gpulab.devices import
+logical_devices`` works.
 
 Lab 00's exercises are written against :class:`MachineSpec`, a plain description of a machine,
 so they can be graded on any machine: :func:`choose_backend` and :func:`place_ranks` are the
@@ -132,10 +133,5 @@ def place_ranks(machine: MachineSpec, world_size: int) -> list[str]:
 
 
 # Re-exported last: gpulab.logical imports physical_devices from here when it needs it.
-from gpulab.logical import (  # noqa: E402
-    LogicalDevice,
-    LogicalDevices,
-    current_device,
-    logical_devices,
-    placement,
-)
+from gpulab.logical import LogicalDevice, LogicalDevices, current_device, logical_devices  # noqa: E402
+from gpulab.placement import placement  # noqa: E402

@@ -24,5 +24,13 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 # 2-core laptop; a cell that needs 5 minutes is a student's infinite loop.
 c.Execute.timeout = 300
 c.Execute.interrupt_on_timeout = True
-# Students' notebooks always run on the CPU path unless the grader has a GPU.
-c.Execute.extra_arguments = []
+
+# Feedback never shows hidden tests: autograde puts them back into every test cell, so the
+# feedback step removes them again, and cuts the traceback of a failing hidden test to its message.
+# (`make feedback` also checks every page it writes; see gpulab/course/feedback.py.)
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
+from nbgrader.preprocessors import GetGrades  # noqa: E402
+
+from gpulab.course.feedback import HideHiddenTests  # noqa: E402
+
+c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]

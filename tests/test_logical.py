@@ -1,4 +1,5 @@
-"""gpulab.logical (re-exported by gpulab.devices): logical devices, the current device, placement."""
+"""gpulab.logical and gpulab.placement (re-exported by gpulab.devices): logical devices, the
+current device, and where each tensor lives."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from gpulab import devices, logical
+from gpulab import placement as registry
 from gpulab.devices import LogicalDevice, current_device, logical_devices, placement
 from gpulab.parallel import comm
 
@@ -16,6 +18,7 @@ from gpulab.parallel import comm
 def test_reexported_from_devices() -> None:
     assert devices.LogicalDevice is logical.LogicalDevice
     assert devices.logical_devices is logical.logical_devices
+    assert devices.placement is registry.placement
     assert {"LogicalDevice", "logical_devices", "current_device", "placement"} <= set(devices.__all__)
 
 
@@ -126,10 +129,10 @@ def test_placement_follows_transfers_views_and_frees() -> None:
     assert placement(y) == devs[2]
     assert placement(y[1:].t()) == devs[2]  # a view lives where its storage does
     key = y.untyped_storage()._cdata
-    assert key in logical.ENTRIES
+    assert key in registry.ENTRIES
     del y
     gc.collect()
-    assert key not in logical.ENTRIES  # the registry forgets a freed storage
+    assert key not in registry.ENTRIES  # the registry forgets a freed storage
     with pytest.raises(TypeError, match="takes a tensor"):
         placement([1, 2])
 

@@ -124,6 +124,19 @@ def test_transfers_count_on_the_destination(devs) -> None:
         del z
 
 
+def test_a_transfer_to_a_device_outside_the_meters_list_names_the_fix(devs) -> None:
+    x = torch.randn(4)
+    other = logical_devices(6, physical=["cpu"])[5]
+    with MemoryMeter(devices=devs[:2]) as meter:
+        with pytest.raises(ValueError, match=r"not one of the devices.*devices=logical_devices\(n\)"):
+            comm.to(x, devs[2])
+        with pytest.raises(ValueError, match="logical:5"):
+            comm.scatter(x, [devs[0], other])
+        assert meter.live(devs[1]) == 0  # nothing was copied
+        y = comm.to(x, devs[1])
+    assert placement(comm.to(y, devs[2])) == devs[2]  # the list applies only while that meter is active
+
+
 def test_attribution_rules(devs) -> None:
     with MemoryMeter() as meter:
         with devs[2]:

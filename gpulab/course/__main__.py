@@ -1,29 +1,115 @@
-"""``python -m gpulab.course <release|copy-work|check|grade|feedback>``: what the make targets run."""
+"""``python -m gpulab.course <release|copy-work|check|grade|feedback|collect>``: what the make
+targets run (see docs/instructor.md)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
-
-from gpulab.course.nbgrader_cli import find_labs, nbgrader
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gpulab.course")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("release", "copy-work", "check", "grade", "feedback"):
+    for name in ("release", "copy-work", "check", "grade", "feedback", "collect"):
         s = sub.add_parser(name)
         s.add_argument("--course", default="notebooks", help="the nbgrader course root")
         s.add_argument("--work", default="work", help="the student's work folder")
         s.add_argument("--lab", default=None, help="one lab only, e.g. 00_setup")
         if name == "grade":
-            s.add_argument("--jobs", type=int, default=None, help="parallel graders (default: number of cores)")
+            s.add_argument("--jobs", type=int, default=None, help="parallel autogrades (default: number of cores)")
+            s.add_argument("--wall-timeout", type=float, default=900.0,
+                           help="seconds for the whole autograde of one submission (default 900)")
+            s.add_argument("--cell-timeout", type=int, default=None,
+                           help="seconds per cell (default: c.Execute.timeout of nbgrader_config.py)")
+            s.add_argument("--memory-mb", type=int, default=None,
+                           help="memory cap per kernel in MiB, 0 for none (default: 4096, less if jobs x 4 GiB "
+                                "exceeds 80%% of RAM)")
+            s.add_argument("--memory-rlimit", choices=("data", "as"), default="data",
+                           help="RLIMIT_DATA (what code allocates, default) or RLIMIT_AS (address space)")
+            s.add_argument("--no-confine-writes", action="store_true",
+                           help="let notebooks write outside their folder (not recommended)")
+            s.add_argument("--keep-sandboxes", action="store_true", help="keep each submission's grading copy")
+            s.add_argument("--quiet", action="store_true", help="no progress bar")
+        if name == "collect":
+            s.add_argument("--archive", required=True, help="the LMS download (zip)")
+            s.add_argument("--regexp", default=None, help="file-name pattern with (?P<student_id>) and (?P<file_id>)")
     return p
 
 
 def grade_main(argv: list[str]) -> int:
     return main(["grade", *argv])
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from gpulab.course.grade import default_jobs, default_memory_mb, grade, print_table
+    from gpulab.course.jail import landlock_abi
+    from gpulab.course.sandbox import Limits
+
+    jobs = args.jobs if args.jobs is not None else default_jobs()
+    try:
+        limits = Limits(wall_s=args.wall_timeout, cell_timeout_s=args.cell_timeout,
+                        memory_mb=default_memory_mb(jobs) if args.memory_mb is None else args.memory_mb,
+                        memory_rlimit=args.memory_rlimit, confine_writes=not args.no_confine_writes)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    writes = ("off" if not limits.confine_writes else
+              f"Landlock ABI {landlock_abi()} + audit hook" if landlock_abi() else "audit hook only (no Landlock)")
+    cell = f"{limits.cell_timeout_s} s" if limits.cell_timeout_s else "nbgrader_config.py's"
+    print(f"grading with {jobs} worker(s): wall clock {limits.wall_s:g} s, cell timeout {cell}, "
+          f"memory {limits.memory_mb or 'unlimited'} MiB (RLIMIT_{limits.memory_rlimit.upper()}), writes confined: {writes}")
+    t0 = time.perf_counter()
+    try:
+        rows = grade(args.course, args.lab, jobs=jobs, limits=limits, progress=not args.quiet,
+                     keep_sandboxes=args.keep_sandboxes)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print_table(rows, time.perf_counter() - t0)
+    print(f"wrote {Path(args.course) / 'grades.csv'}; nbgrader's log of each submission is in "
+          f"{Path(args.course) / 'grading_logs'}")
+    return 0
+
+
+def _feedback(args: argparse.Namespace) -> int:
+    from gpulab.course.feedback import feedback
+
+    status = 0
+    for lab, r in feedback(args.course, args.lab).items():
+        leaked = len(r["leaks"])
+        print(f"feedback {lab}: {r['pages']} page(s) in {Path(args.course) / 'feedback'}, "
+              f"{r['notes']} note page(s) for ungraded submissions" + (f"; {r['error']}" if r["error"] else ""))
+        if leaked:
+            status = 1
+            print(f"  {leaked} page(s) showed hidden tests and were DELETED: "
+                  "add HideHiddenTests to c.GenerateFeedback.preprocessors (see docs/instructor.md)", file=sys.stderr)
+            for page, lines in r["leaks"].items():
+                print(f"    {page}: {lines[0]!r}", file=sys.stderr)
+        if r["error"] and not r["pages"]:
+            status = 1
+    return status
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from gpulab.course.collect import collect
+
+    if not args.lab:
+        print("error: say which lab the download is for: make collect LAB=00_setup ARCHIVE=...", file=sys.stderr)
+        return 2
+    try:
+        report = collect(args.course, args.lab, args.archive, args.regexp)
+    except (FileNotFoundError, ValueError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"collected {len(report.students)} submission(s) of {args.lab} into "
+          f"{Path(args.course) / 'submitted'}: {', '.join(report.students) or 'none'}")
+    if report.skipped:
+        print(f"skipped {len(report.skipped)} file(s) whose name did not match the pattern:")
+        for f in report.skipped:
+            print(f"  {f}")
+    return 0 if report.students else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,19 +127,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_work(args.work, args.lab)
     elif args.cmd == "grade":
-        from gpulab.course.grade import grade, print_table
-
-        rows = grade(args.course, args.lab)
-        print_table(rows)
-        print(f"wrote {Path(args.course) / 'grades.csv'}")
+        return _grade(args)
     elif args.cmd == "feedback":
-        labs = [args.lab] if args.lab else find_labs(args.course)
-        for lab in labs:
-            proc = nbgrader(args.course, "generate_feedback", lab, "--force")
-            print(f"feedback {lab}: {'ok' if proc.returncode == 0 else 'FAILED'}")
-            if proc.returncode != 0:
-                print(proc.stderr[-2000:], file=sys.stderr)
-                return 1
+        return _feedback(args)
+    elif args.cmd == "collect":
+        return _collect(args)
     return 0
 
 

@@ -24,13 +24,17 @@ def nbgrader_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def nbgrader_command() -> list[str]:
+    """The nbgrader executable of this interpreter's environment."""
+    exe = Path(sys.executable).parent / "nbgrader"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "nbgrader"]
+
+
 def nbgrader(course: str | Path, *args: str, timeout: float | None = None,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``nbgrader *args`` in the course root and return the finished process (never raises on
     a non-zero exit: callers decide what a failure means)."""
-    exe = Path(sys.executable).parent / "nbgrader"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "nbgrader"]
-    return subprocess.run(cmd + list(args), cwd=str(course), env=nbgrader_env(env), text=True,
+    return subprocess.run(nbgrader_command() + list(args), cwd=str(course), env=nbgrader_env(env), text=True,
                           capture_output=True, timeout=timeout)
 
 

@@ -6,9 +6,34 @@
 
 How it works: :mod:`gpulab.memory.attribution` (which storages an op created, and where they go),
 :mod:`gpulab.memory.ledger` (the counts), :mod:`gpulab.memory.threads` (following worker threads).
+
+Lab 08's tools for out-of-memory errors:
+
+- :func:`memory_report` (:mod:`~gpulab.memory.cuda_report`): the CUDA allocator's statistics on a
+  GPU, a meter's otherwise.
+- :class:`LeakFinder` (:mod:`~gpulab.memory.leaks`, :mod:`~gpulab.memory.origins`, :mod:`~gpulab.memory.trend`): live memory
+  per step, a leak verdict, and the surviving tensors with the line that made them.
+- :func:`find_max_batch_size` (:mod:`~gpulab.memory.batch_size`): binary search under a budget.
+- :func:`oom_retry` (:mod:`~gpulab.memory.retry`): a step that splits the batch on out-of-memory.
+- :func:`summary` (:mod:`~gpulab.memory.summary`): per-layer shapes, parameters, activation bytes.
+- :mod:`~gpulab.memory.savings` (bf16 autocast, checkpointing, :func:`peak_memory`) and
+  :mod:`~gpulab.memory.loops` (loops that keep memory flat): the lab's references.
 """
 
 from gpulab.memory.meter import MemoryMeter
 from gpulab.memory.report import DeviceMemory, MemoryReport, format_bytes
 
 __all__ = ["MemoryMeter", "MemoryReport", "DeviceMemory", "format_bytes"]
+
+# lab 08: out-of-memory tools
+from gpulab.memory.batch_size import find_max_batch_size, free_memory  # noqa: E402
+from gpulab.memory.cuda_report import MemoryStatus, memory_report  # noqa: E402
+from gpulab.memory.leaks import LeakFinder, LeakReport  # noqa: E402
+from gpulab.memory.trend import LeakCriterion  # noqa: E402
+from gpulab.memory.retry import OOMRetry, accumulate_step, oom_retry  # noqa: E402
+from gpulab.memory.savings import peak_memory  # noqa: E402
+from gpulab.memory.summary import ModelSummary, ShapeMismatchError, summary  # noqa: E402
+
+__all__ += ["memory_report", "MemoryStatus", "LeakFinder", "LeakCriterion", "LeakReport", "find_max_batch_size",
+            "free_memory", "oom_retry", "OOMRetry", "accumulate_step", "summary", "ModelSummary",
+            "ShapeMismatchError", "peak_memory"]

@@ -27,7 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab import logical
 from gpulab.devices import default_device
-from gpulab.logical import ENTRIES, LOCK, LogicalDevice, current_device, register, storage_of
+from gpulab.logical import LogicalDevice, current_device
+from gpulab.placement import ENTRIES, LOCK, default_for, register, storage_of
 
 __all__ = ["MeterMode"]
 
@@ -116,7 +117,7 @@ def attribute(meter: Any, physical: torch.device, tags: list[LogicalDevice]) -> 
     if physical not in cache:
         dev = next((d for d in meter._devices if d.physical == physical), None)
         if dev is None and (physical.type != "cpu" or default_device().type == "cpu"):
-            dev = logical.default_for(physical)
+            dev = default_for(physical)
         cache[physical] = dev
     return cache[physical]
 

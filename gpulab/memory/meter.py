@@ -37,8 +37,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from gpulab import logical
-from gpulab.logical import LOCK, LogicalDevice, register, storage_of
+from gpulab import placement
+from gpulab.logical import LogicalDevice
+from gpulab.placement import LOCK, register, storage_of
 from gpulab.memory import threads
 from gpulab.memory.attribution import MeterMode
 from gpulab.memory.ledger import Ledger
@@ -69,8 +70,9 @@ class MemoryMeter:
     Args:
         budget: bytes per device; an allocation that would take a device past it raises
             ``torch.OutOfMemoryError`` (shaped like CUDA's). None: no limit.
-        devices: devices to report even if unused; the first one on a physical device is
-            "device 0" there. By default, the devices that appear.
+        devices: the devices measured: reported even if unused, the first one on a physical device
+            is "device 0" there, and a ``gpulab.parallel.comm`` transfer to any other device is
+            refused while the meter is active. By default, the devices that appear.
         timeline: record every allocation and free, for :meth:`plot_timeline`.
 
     A meter measures once: enter it with ``with meter:``; read :meth:`live`, :meth:`peak` and
@@ -114,13 +116,15 @@ class MemoryMeter:
                                "MemoryMeter() for each measurement (this one's results stay readable)")
         with LOCK:
             self._ledger.check_budget(self._ledger.budget)
-            self._enter_seq = logical.next_seq()
+            self._enter_seq = placement.next_seq()
             self._ledger.t0 = time.perf_counter()
         self._owner = threading.get_ident()
         self._state = _ACTIVE
         self._mode = MeterMode(self)
         self._mode.__enter__()
         threads.follow(self)
+        if self._devices:
+            placement.push_scope(tuple(self._devices))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -131,6 +135,8 @@ class MemoryMeter:
         if _get_current_dispatch_mode() is not self._mode:
             raise RuntimeError("nested MemoryMeters (and dispatch modes) must be exited innermost first")
         threads.unfollow(self)
+        if self._devices:
+            placement.pop_scope(tuple(self._devices))
         with LOCK:
             self._state = _CLOSED  # modes left in threads that outlive the meter go inert
             self._ledger.frozen = True

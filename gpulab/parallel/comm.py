@@ -31,7 +31,8 @@ from torch import nn
 
 from gpulab import logical
 from gpulab.devices import cuda_device_count
-from gpulab.logical import LogicalDevice, placement
+from gpulab.logical import LogicalDevice
+from gpulab.placement import check_in_scope, placement, tag
 
 __all__ = ["to", "broadcast", "scatter", "gather", "reduce_add"]
 
@@ -52,6 +53,7 @@ def _check_device(dev: object, what: str = "dev") -> LogicalDevice:
         )
     if phys.type not in ("cpu", "cuda"):
         raise ValueError(f"{dev!r} is on {phys}: gpulab moves tensors between cpu and cuda devices only")
+    check_in_scope(dev)
     return dev
 
 
@@ -78,7 +80,7 @@ def _copy(tensor: torch.Tensor, dst: LogicalDevice, non_blocking: bool = False) 
     """A new tensor on ``dst`` holding ``tensor``'s values (never a view, never the input)."""
     with logical.placing(dst):  # a meter counts the copy on dst, not on the input's device
         out = tensor.to(dst.physical, non_blocking=non_blocking, copy=True)
-    logical.tag(out, dst)
+    tag(out, dst)
     return out
 
 
@@ -114,7 +116,7 @@ class _Gather(torch.autograd.Function):
         for t, n in zip(tensors, ctx.sizes):
             out.narrow(dim, offset, n).copy_(t)
             offset += n
-        logical.tag(out, dst)
+        tag(out, dst)
         return out
 
     @staticmethod
@@ -135,7 +137,7 @@ class _ReduceAdd(torch.autograd.Function):
             # A tensor from another device is first copied to dst (a temporary, as a peer copy is
             # on GPUs), then added; one on dst is added in place.
             out.add_(t if src == dst else _copy(t, dst))
-        logical.tag(out, dst)
+        tag(out, dst)
         return out
 
     @staticmethod
@@ -167,7 +169,8 @@ def to(tensor, dev, *, non_blocking=False):
 
     Raises:
         TypeError: if ``dev`` is not a LogicalDevice (a ``torch.device``, ``"cuda:1"`` or an int).
-        ValueError: if ``dev`` is on a GPU this machine does not have.
+        ValueError: if ``dev`` is on a GPU this machine does not have, or is not in the ``devices=``
+            list of an active :class:`~gpulab.memory.MemoryMeter`.
     """
     dev = _check_device(dev)
     if isinstance(tensor, nn.Module):

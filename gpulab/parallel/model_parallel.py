@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from gpulab import logical
-from gpulab.logical import LogicalDevice
+from gpulab.devices import LogicalDevice
 from gpulab.parallel import comm
 
 __all__ = ["SplitModel", "split_model", "model_layers", "layer_costs", "balanced_boundaries"]

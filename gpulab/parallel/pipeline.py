@@ -46,7 +46,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from gpulab import logical
-from gpulab.logical import LogicalDevice, placement
+from gpulab.devices import LogicalDevice, placement
 from gpulab.parallel import comm
 from gpulab.parallel.bubble import StageEvent
 from gpulab.parallel.model_parallel import SplitModel

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from gpulab.logical import LogicalDevice
+from gpulab.devices import LogicalDevice
 from gpulab.parallel import comm
 from gpulab.parallel.bubble import StageEvent
 

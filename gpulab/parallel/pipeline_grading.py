@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from gpulab.grading import GradingError
-from gpulab.logical import LogicalDevice
+from gpulab.devices import LogicalDevice
 from gpulab.parallel.model_parallel import SplitModel, split_model
 from gpulab.parallel.pipeline import PipelinedModel
 from gpulab.parallel.pipeline_timing import intra_op_threads, time_interleaved

@@ -1,0 +1,96 @@
+"""The real gradebook: snapshot it for the sandboxes, and merge each sandbox's result into it.
+
+Only the grading process writes the real ``gradebook.db``, one submission at a time, through
+nbgrader's own :class:`nbgrader.api.Gradebook`, so parallel grading never meets sqlite's
+"database is locked", and formgrader and ``nbgrader export`` read exactly what nbgrader's
+autograde would have written:
+
+- a graded submission: each cell's ``auto_score`` and ``auto_comment``, the late penalty and the
+  timestamp, with ``needs_manual_grade`` set as nbgrader's ``SaveAutoGrades`` sets it (when a
+  grader already gave a manual score, or there is no auto score); its autograded notebooks
+  replace ``autograded/<student>/<lab>/``;
+- a submission that could not be graded (not JSON, wall-clock limit, nbgrader failed): zero for
+  every cell, as nbgrader records a notebook that was not submitted, and no autograded copy.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import warnings
+from pathlib import Path
+
+from sqlalchemy.exc import SAWarning
+
+from gpulab.course.sandbox import SandboxResult
+
+
+def db_url(course: Path) -> str:
+    return f"sqlite:///{Path(course) / 'gradebook.db'}"
+
+
+def snapshot(course: Path, dst: Path) -> Path:
+    """A consistent copy of the course gradebook (sqlite's online backup, safe while formgrader
+    has it open)."""
+    src = sqlite3.connect(f"file:{Path(course) / 'gradebook.db'}?mode=ro", uri=True)
+    out = sqlite3.connect(dst)
+    try:
+        src.backup(out)
+    finally:
+        out.close()
+        src.close()
+    return dst
+
+
+def merge(course: Path, result: SandboxResult) -> tuple[float, float]:
+    """Record ``result`` in the course gradebook and return (score, max_score) as nbgrader now
+    computes them."""
+    from nbgrader.api import Gradebook
+
+    graded = result.status == "graded"
+    with Gradebook(db_url(course), course_id="") as gb, warnings.catch_warnings():
+        # nbgrader's add_submission builds rows through relationships; SQLAlchemy warns about its
+        # autoflush order on every new submission (nbgrader's own autograde does the same).
+        warnings.simplefilter("ignore", category=SAWarning)
+        gb.update_or_create_student(result.student)
+        kwargs = {"timestamp": result.timestamp} if result.timestamp is not None else {}
+        sub = gb.update_or_create_submission(result.lab, result.student, **kwargs)
+        for nb in sub.notebooks:
+            if graded:
+                nb.late_submission_penalty = result.late_penalties.get(nb.name)
+            for grade in nb.grades:
+                grade.auto_score = result.grades.get((nb.name, grade.name)) if graded else 0.0
+                grade.needs_manual_grade = grade.manual_score is not None or grade.auto_score is None
+            for comment in nb.comments:
+                comment.auto_comment = result.comments.get((nb.name, comment.name)) if graded else None
+        gb.db.commit()
+        sub = gb.find_submission(result.lab, result.student)
+        score, max_score = float(sub.score), float(sub.max_score)
+    dest = Path(course) / "autograded" / result.student / result.lab
+    if dest.exists():
+        shutil.rmtree(dest)  # as `nbgrader autograde --force` does; a stale copy would contradict the gradebook
+    if graded and result.autograded is not None:
+        shutil.copytree(result.autograded, dest)
+    return score, max_score
+
+
+def scores(course: Path, lab: str, student: str) -> tuple[float, float]:
+    """(score, max_score) of one submission in the course gradebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(db_url(course), course_id="") as gb:
+        sub = gb.find_submission(lab, student)
+        return float(sub.score), float(sub.max_score)
+
+
+def max_score(course: Path, lab: str) -> float:
+    """The lab's maximum score, 0.0 when the gradebook does not know the lab yet."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    if not (Path(course) / "gradebook.db").exists():
+        return 0.0
+    with Gradebook(db_url(course), course_id="") as gb:
+        try:
+            return float(gb.find_assignment(lab).max_score)
+        except MissingEntry:
+            return 0.0

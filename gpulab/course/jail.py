@@ -1,0 +1,224 @@
+"""Start a student's kernel inside limits: memory (setrlimit), file size, and no writes outside
+the folders it is given (Linux Landlock, plus a Python audit hook that names what was tried).
+
+The grader never runs this by hand: :class:`gpulab.course.execute.JailedKernelManager` puts it
+in front of the kernel command, so the kernel *is* this process (same pid, so interrupts and
+kills from jupyter_client reach it)::
+
+    python -m gpulab.course.jail --memory-mb 4096 --write /sandbox/autograded/alice/00_setup \\
+        --write /sandbox/tmp --audit-log /sandbox/writes.jsonl -- -m ipykernel_launcher -f conn.json
+
+Three layers, applied in this order before any student code runs:
+
+1. ``setrlimit``: ``RLIMIT_DATA`` (or ``RLIMIT_AS``) caps memory, so an allocation past the cap
+   raises ``MemoryError`` / torch's "can't allocate memory" in the student's cell instead of
+   waking the machine's OOM killer; ``RLIMIT_FSIZE`` caps any one file; no core dumps.
+2. Landlock (Linux >= 5.13; see the kernel's ``Documentation/userspace-api/landlock.rst``): an
+   unprivileged, inherited ruleset that refuses every write (create, write, truncate, remove,
+   rename) outside the allowed folders, whatever the language or library does it.
+3. A ``sys.addaudithook`` hook: Python's own file events (``open`` for writing, ``os.remove``,
+   ``os.rename``...) outside the allowed folders are refused with a clear ``PermissionError``
+   and logged one JSON line each, so the grader can name the attempt even when the student
+   catches the error. Where Landlock is missing (macOS, old kernels) this hook is the only
+   barrier, and code that bypasses Python's file API (ctypes, a subprocess) is not stopped.
+
+Reads are never restricted: the lab may read gpulab, torch and its own data files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import resource
+import runpy
+import sys
+from typing import Callable, Sequence
+
+# Landlock ABI (include/uapi/linux/landlock.h). The syscall numbers are the same on every
+# architecture that has them (they were added after the syscall tables were unified).
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_FS = {"write_file": 1 << 1, "remove_dir": 1 << 4, "remove_file": 1 << 5, "make_char": 1 << 6,
+       "make_dir": 1 << 7, "make_reg": 1 << 8, "make_sock": 1 << 9, "make_fifo": 1 << 10,
+       "make_block": 1 << 11, "make_sym": 1 << 12, "refer": 1 << 13, "truncate": 1 << 14}
+# Folders every process needs to write to: /dev/null, /dev/shm (DataLoader workers share tensors
+# there), and GPU device files (/dev/nvidia*, opened read-write by CUDA). Device files are still
+# guarded by their ordinary permissions.
+SYSTEM_WRITABLE = ("/dev",)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return None
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version this kernel offers (0: none, so writes are guarded only by the
+    audit hook)."""
+    libc = _libc()
+    if libc is None:
+        return 0
+    abi = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    return max(int(abi), 0)
+
+
+def _write_rights(abi: int) -> int:
+    rights = 0
+    for name, bit in _FS.items():
+        if name == "refer" and abi < 2 or name == "truncate" and abi < 3:
+            continue
+        rights |= bit
+    return rights
+
+
+def landlock_restrict_writes(writable: Sequence[str]) -> bool:
+    """Forbid this process and its future children to write anywhere but under ``writable``.
+
+    Returns:
+        True when the ruleset is in force; False when the kernel has no Landlock.
+
+    Raises:
+        OSError: when Landlock exists but refuses the ruleset (a folder that does not exist...).
+    """
+    abi = landlock_abi()
+    libc = _libc()
+    if abi < 1 or libc is None:
+        return False
+    rights = _write_rights(abi)
+    attr = _RulesetAttr(handled_access_fs=rights)
+    fd = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    try:
+        for folder in writable:
+            dir_fd = os.open(folder, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneathAttr(allowed_access=rights, parent_fd=dir_fd)
+                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule({folder}) failed")
+            finally:
+                os.close(dir_fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(fd)
+    return True
+
+
+def set_limits(memory_mb: int, memory_rlimit: str = "data", fsize_mb: int = 0) -> None:
+    """Cap this process's memory (``RLIMIT_DATA`` or ``RLIMIT_AS``, MiB; 0 = no cap) and the size
+    of any file it writes (MiB; 0 = no cap); turn core dumps off.
+
+    Warning:
+        ``RLIMIT_AS`` counts *reserved* address space: CUDA reserves far more than it uses and
+        fails to start under it, and every thread's malloc arena counts. ``RLIMIT_DATA`` (the
+        default) counts the heap and private writable mappings, i.e. what the code really
+        allocates.
+    """
+    kinds = {"data": resource.RLIMIT_DATA, "as": resource.RLIMIT_AS}
+    if memory_rlimit not in kinds:
+        raise ValueError(f"memory_rlimit={memory_rlimit!r}; use 'data' or 'as'")
+    if memory_mb > 0:
+        resource.setrlimit(kinds[memory_rlimit], (memory_mb * 2**20, memory_mb * 2**20))
+    if fsize_mb > 0:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_mb * 2**20, fsize_mb * 2**20))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+# Audit events that change the file system, and which of their arguments are paths.
+_PATH_EVENTS: dict[str, tuple[int, ...]] = {
+    "os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.symlink": (1,),
+    "os.link": (1,), "os.truncate": (0,), "shutil.rmtree": (0,), "os.mkfifo": (0,), "os.mknod": (0,),
+}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def _is_under(path: str, folders: Sequence[str]) -> bool:
+    return any(path == f or path.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
+
+
+def write_guard(writable: Sequence[str], log: Callable[[dict], None]) -> Callable[[str, tuple], None]:
+    """An audit hook that refuses (``PermissionError``) and logs Python-level writes outside
+    ``writable``. Paths are resolved (symlinks, ``..``) before they are compared."""
+    folders = tuple(os.path.realpath(f) for f in writable)
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = args
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & _WRITE_FLAGS)
+            targets = [path] if writing else []
+        elif event in _PATH_EVENTS:
+            targets = [args[i] for i in _PATH_EVENTS[event] if i < len(args)]
+        else:
+            return
+        for target in targets:
+            if target is None or isinstance(target, int):
+                continue  # an already-open file descriptor
+            real = os.path.realpath(os.fsdecode(target))
+            if not _is_under(real, folders):
+                if "__pycache__" not in real:  # importlib's bytecode cache: refused quietly, imports still work
+                    log({"event": event, "path": real})
+                raise PermissionError(f"gpulab grading sandbox: writing to {real} is not allowed; a lab may only "
+                                      f"write in its own folder or in tempfile.gettempdir()")
+
+    return hook
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpulab.course.jail", description=__doc__.splitlines()[0])
+    p.add_argument("--memory-mb", type=int, default=0)
+    p.add_argument("--memory-rlimit", choices=("data", "as"), default="data")
+    p.add_argument("--fsize-mb", type=int, default=0)
+    p.add_argument("--write", action="append", default=[], help="a folder the kernel may write in (repeat)")
+    p.add_argument("--audit-log", default=None, help="JSON lines of refused writes")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- -m module args... | -- program args...")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise SystemExit("nothing to run: give the command after --")
+    writable = [os.path.realpath(w) for w in args.write] + [d for d in SYSTEM_WRITABLE if os.path.isdir(d)]
+    # Opened before the ruleset, so the log stays writable wherever it lives.
+    log_fd = os.open(args.audit_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if args.audit_log else None
+
+    def log(entry: dict) -> None:
+        if log_fd is not None:
+            os.write(log_fd, (json.dumps(entry) + "\n").encode())
+
+    set_limits(args.memory_mb, args.memory_rlimit, args.fsize_mb)
+    landlock = landlock_restrict_writes(writable) if args.write else False
+    # The first line of the log: the grader refuses a run whose kernel never got here.
+    log({"event": "jail", "landlock": landlock, "writable": writable if args.write else None,
+         "memory_mb": args.memory_mb})
+    if command[0] != "-m":
+        os.execvp(command[0], command)  # not Python: limits and Landlock are inherited by exec
+    if args.write:
+        sys.addaudithook(write_guard(writable, log))
+    sys.argv = [command[1], *command[2:]]
+    runpy.run_module(command[1], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Turn what happened while grading one submission into short notes for ``grades.csv``.
+
+The notes come from the autograded notebook's error outputs (time limit, memory, a dead kernel),
+from the jail's log of refused writes, and from nbgrader's own log when autograde failed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+
+from gpulab.course.execute import KERNEL_DIED, NOT_RUN, TIMEOUT
+
+# How "out of memory" reads from Python, numpy, torch's CPU allocator and C++ code.
+_OOM = re.compile(r"MemoryError|OutOfMemoryError|can't allocate memory|Cannot allocate memory|bad_alloc|"
+                  r"Unable to allocate", re.IGNORECASE)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _label(cell: nbformat.NotebookNode, index: int) -> str:
+    grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+    return f"cell {index} ({grade_id})" if grade_id else f"cell {index}"
+
+
+def output_notes(path: Path, cell_timeout_s: int | None, memory_mb: int) -> list[str]:
+    """Notes for cells of an autograded notebook that hit a limit or lost their kernel."""
+    nb = nbformat.read(str(path), as_version=4)
+    notes: list[str] = []
+    not_run = 0
+    limit = f"{cell_timeout_s} s cell time limit" if cell_timeout_s else "cell time limit"
+    for i, cell in enumerate(nb.cells):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        for out in errors:
+            ename, evalue = out.get("ename", ""), _ANSI.sub("", out.get("evalue", ""))
+            if ename == NOT_RUN:
+                not_run += 1
+            elif ename == KERNEL_DIED:
+                notes.append(f"the kernel died in {_label(cell, i)} (os._exit, a signal, or a crash)")
+            elif ename == TIMEOUT and "was stopped" in evalue:
+                notes.append(f"{_label(cell, i)} ran past the {limit}, ignored the interrupt, and its kernel was stopped")
+            elif ename == TIMEOUT and not any("was stopped" in o.get("evalue", "") for o in errors):
+                notes.append(f"{_label(cell, i)} stopped at the {limit}")
+            elif _OOM.search(f"{ename}: {evalue}"):
+                cap = f" (limit {memory_mb} MiB)" if memory_mb else ""
+                notes.append(f"{_label(cell, i)} ran out of memory{cap}")
+    notes = list(dict.fromkeys(notes))  # one note per cell, in notebook order
+    if not_run:
+        notes.append(f"{not_run} later cell(s) of {path.name} were not run")
+    return notes
+
+
+def read_write_log(path: Path) -> tuple[bool | None, list[str]]:
+    """(whether Landlock was in force, the paths whose writes the jail refused)."""
+    if not path.exists():
+        return None, []
+    landlock, refused = None, []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a torn line from a kernel killed mid-write
+        if entry.get("event") == "jail":
+            landlock = bool(entry.get("landlock"))
+        elif entry.get("path"):
+            refused.append(entry["path"])
+    return landlock, list(dict.fromkeys(refused))
+
+
+def write_notes(refused: list[str], strays: list[str]) -> list[str]:
+    """Notes for writes outside the submission's folder: refused ones, and any that got through."""
+    notes = []
+    if refused:
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        notes.append(f"tried to write outside its folder: {', '.join(refused[:3])}{more} (refused)")
+    if strays:
+        more = f" and {len(strays) - 3} more" if len(strays) > 3 else ""
+        notes.append(f"wrote outside its folder (in the grading copy, not the course): {', '.join(strays[:3])}{more}")
+    return notes
+
+
+def last_error(log: Path) -> str:
+    """The most telling line of a failed nbgrader run."""
+    if not log.exists():
+        return "no output"
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.search(r"(Error|Exception):", ln) and "There was an error processing" not in ln:
+            return ln[-200:]
+    return (lines[-1] if lines else "no output")[-200:]

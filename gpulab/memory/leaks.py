@@ -1,0 +1,296 @@
+"""LeakFinder: watch live memory step by step, say when it grows steadily, and name what survives.
+
+A training loop that leaks (a loss summed as a tensor, outputs kept with their graphs, a hidden
+state carried across steps with ``retain_graph=True``) holds a little more memory after every
+step until it runs out. :class:`LeakFinder` records the live bytes after each step, flags a
+steady growth with a criterion that a one-off allocation or noise does not fool
+(:class:`~gpulab.memory.trend.LeakCriterion`), and lists the tensors made during earlier steps that are still alive,
+grouped by the line of *your* loop that made them (:mod:`gpulab.memory.origins`)::
+
+    with LeakFinder(track=model) as finder:
+        for inputs, targets in finder.watch(batches):      # or call finder.step() per iteration
+            ...
+    print(finder.report())                                  # the verdict and the surviving tensors
+    finder.plot()
+
+Live bytes come from the meter you pass (``meter=``), else ``torch.cuda.memory_allocated`` on a
+GPU, else a :class:`~gpulab.memory.MemoryMeter` of its own (a CPU has no allocator statistics).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from gpulab import placement
+from gpulab.memory.meter import MemoryMeter
+from gpulab.memory.origins import Frame, Origin, OriginTracer
+from gpulab.memory.trend import LeakCriterion
+from gpulab.memory.report import format_bytes
+
+__all__ = ["LeakFinder", "LeakCriterion", "LeakReport", "LeakSite"]
+
+
+@dataclass
+class LeakSite:
+    """Surviving tensors made by one line of the loop."""
+
+    where: Frame | None  # the line in the loop (or the innermost user frame); None: no Python frame
+    via: Frame | None  # the innermost user frame under it (model code), if different
+    nbytes: int
+    tensors: int
+    steps: list[int]  # the distinct steps they were made in
+    example: str  # "(32, 16, 32, 32) float32"
+
+    def line(self) -> str:
+        """One line of the report table."""
+        span = f"{self.steps[0]}-{self.steps[-1]}" if len(self.steps) > 1 else str(self.steps[0])
+        where = str(self.where) if self.where else "(no Python frame: autograd's device thread)"
+        via = f"  [via {self.via}]" if self.via else ""
+        return (f"{format_bytes(self.nbytes):>11} {self.tensors:>8} {len(self.steps):>6}  {span:>7}  {where}"
+                f"  e.g. {self.example}{via}")
+
+
+@dataclass
+class LeakReport:
+    """What :meth:`LeakFinder.report` returns; print it for the table."""
+
+    leaking: bool
+    leak_step: int | None
+    growth_per_step: float
+    history: list[int]
+    sites: list[LeakSite] = field(default_factory=list)
+    mode: str = ""
+    dropped: int = 0
+
+    def table(self) -> str:
+        """The verdict, the growth, and the surviving tensors by site."""
+        n = len(self.history)
+        out = [f"LeakFinder [{self.mode}]: {n} steps"]
+        if n:
+            first, last = self.history[0], self.history[-1]
+            rel = f" ({(last - first) / first:+.1%})" if first else ""
+            out.append(f"live after step 0: {format_bytes(first)}, after step {n - 1}: {format_bytes(last)}{rel}; "
+                       f"trend {format_bytes(self.growth_per_step)} per step")
+        out.append(f"LEAKING: memory grows steadily (flagged at step {self.leak_step})" if self.leaking
+                   else "not leaking: no steady growth over the judged window")
+        if self.sites:
+            out.append("tensors made during earlier steps and still alive, by the line that made them:")
+            out.append(f"{'bytes':>11} {'tensors':>8} {'steps':>6}  {'made in':>7}  where")
+            out.extend(s.line() for s in self.sites)
+        else:
+            out.append("no tensor made during an earlier step is still alive")
+        if self.dropped:
+            out.append(f"({self.dropped} allocations past max_records were counted but not traced)")
+        return "\n".join(out)
+
+    __str__ = table
+
+    def __repr__(self) -> str:
+        return self.table()
+
+
+class LeakFinder:
+    """Live memory per step, a leak verdict, and the surviving tensors with where they were made.
+
+    Args:
+        meter: an active :class:`~gpulab.memory.MemoryMeter` to read live bytes from (the sum
+            over its devices). None: ``torch.cuda.memory_allocated`` if ``device`` is a GPU, else
+            a meter of the finder's own.
+        track: a module or tensors made before the finder (the model) to count in its meter,
+            so that relative growth is relative to everything the loop holds.
+        device: where the loop runs (default: the device of ``track``, else the CPU).
+        window, segments, threshold: the :class:`LeakCriterion`.
+        max_records: storages traced at once (bounds the tracer's memory and time).
+
+    Attributes:
+        history: live bytes after each step.
+        leaking: set (and kept) once the criterion holds; ``leak_step`` says when.
+
+    Raises:
+        ValueError: for a bad criterion, or a ``meter`` that is not active.
+    """
+
+    def __init__(self, meter: MemoryMeter | None = None, *, track: nn.Module | torch.Tensor | Iterable | None = None,
+                 device: torch.device | str | None = None, window: int = 12, segments: int = 4,
+                 threshold: int = 1024, max_records: int = 100_000) -> None:
+        self.criterion = LeakCriterion(window, segments, threshold)
+        if meter is not None and not isinstance(meter, MemoryMeter):
+            raise TypeError(f"meter must be a gpulab.memory.MemoryMeter, got {type(meter).__name__}")
+        if track is not None and not isinstance(track, (nn.Module, torch.Tensor)):
+            track = list(track)  # read twice (device, then meter.track): a generator would be empty
+        self._given = meter
+        self._track = track
+        self._device = torch.device(device) if device is not None else _device_of(track)
+        self._max_records = max_records
+        self.history: list[int] = []
+        self.leaking = False
+        self.leak_step: int | None = None
+        self._meter: MemoryMeter | None = None
+        self._tracer: OriginTracer | None = None
+        self._loop_code: Any = None
+        self._state = "new"
+        self.mode = ""
+
+    # -- entering and leaving -------------------------------------------------------------------
+
+    def __enter__(self) -> "LeakFinder":
+        if self._state != "new":
+            raise RuntimeError("a LeakFinder watches one loop: create a new LeakFinder() for another")
+        dev = placement.default_for(self._device)
+        if self._given is not None:
+            if not self._given.active:
+                raise ValueError("meter= must be active: enter it first (`with meter, LeakFinder(meter) as f:`)")
+            self._meter = self._given
+            self.mode = "the given MemoryMeter"
+        elif self._device.type == "cuda" and torch.cuda.is_available():
+            self.mode = f"CUDA allocator on {self._device} (torch.cuda.memory_allocated)"
+        else:
+            self._meter = MemoryMeter(timeline=False)
+            self.mode = f"MemoryMeter on {self._device}"
+        if self._meter is not None and self._track is not None:
+            self._meter.track(self._track, dev)
+        if self._meter is not None and self._given is None:
+            self._meter.__enter__()
+        self._tracer = OriginTracer(max_records=self._max_records)
+        self._tracer.__enter__()
+        self._state = "active"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._state != "active":
+            raise RuntimeError("this LeakFinder is not active: use it as `with LeakFinder() as finder:`")
+        self._state = "done"
+        self._tracer.__exit__(*exc)
+        if self._meter is not None and self._given is None:
+            self._meter.__exit__(*exc)
+
+    # -- per step --------------------------------------------------------------------------------
+
+    def live(self) -> int:
+        """Bytes live now, from the finder's source (see ``mode``)."""
+        if self._meter is not None:
+            return sum(self._meter.live(d) for d in self._meter.devices)
+        return int(torch.cuda.memory_allocated(self._device))
+
+    def step(self) -> None:
+        """Record the live bytes after one iteration, and judge the trend. Call once per iteration."""
+        self._record(sys._getframe(1).f_code)
+
+    def _record(self, loop_code: Any) -> None:
+        if self._state != "active":
+            raise RuntimeError("step() outside the finder: call it inside `with LeakFinder() as finder:`")
+        self._loop_code = loop_code
+        self.history.append(self.live())
+        self._tracer.step = len(self.history)
+        if not self.leaking and self.criterion.check(self.history):
+            self.leaking, self.leak_step = True, len(self.history) - 1
+
+    def watch(self, iterable: Iterable) -> Iterator:
+        """Yield the items of ``iterable``, calling :meth:`step` after each iteration of your loop."""
+        started = False
+        for item in iterable:
+            if started:
+                self._record(sys._getframe(1).f_code)
+            started = True
+            yield item
+        if started:
+            self._record(sys._getframe(1).f_code)
+
+    # -- reading the results ---------------------------------------------------------------------
+
+    @property
+    def growth_per_step(self) -> float:
+        """Least-squares slope of live bytes over the latest ``window`` steps (bytes per step)."""
+        ys = self.history[-self.criterion.window:]
+        n = len(ys)
+        if n < 2:
+            return 0.0
+        xm, ym = (n - 1) / 2, sum(ys) / n
+        return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / sum((i - xm) ** 2 for i in range(n))
+
+    def growth(self, since: int = 1) -> float:
+        """Relative growth of live bytes from after step ``since`` to the last step (0.01 = 1 %).
+
+        Step 0 makes one-off state (gradients, optimizer buffers), so the default starts after it.
+        """
+        if len(self.history) <= since:
+            raise ValueError(f"growth(since={since}) needs more than {since} steps, have {len(self.history)}")
+        base = self.history[since]
+        return (self.history[-1] - base) / base if base else float(self.history[-1] > 0)
+
+    def survivors(self, min_age: int = 1) -> list[Origin]:
+        """Tensors made while watching, still alive, made at least ``min_age`` steps before the last
+        one (the last step's own tensors are normally alive)."""
+        if self._tracer is None:
+            return []
+        last = len(self.history)
+        return [o for o in self._tracer.alive() if o.step <= last - 1 - min_age]
+
+    def report(self, top: int = 8, min_age: int = 1) -> LeakReport:
+        """The verdict and the ``top`` sites holding the most surviving bytes."""
+        groups: dict[Any, list[Origin]] = {}
+        for o in self.survivors(min_age):
+            groups.setdefault(self._site_key(o), []).append(o)
+        sites = []
+        for where, origins in groups.items():
+            vias = Counter(o.stack[0] for o in origins if o.stack and o.stack[0] != where)
+            via = vias.most_common(1)[0][0] if vias else None
+            big = max(origins, key=lambda o: o.nbytes)
+            sites.append(LeakSite(
+                where=_frame(where), via=_frame(via), nbytes=sum(o.nbytes for o in origins), tensors=len(origins),
+                steps=sorted({o.step for o in origins}), example=f"{big.shape} {str(big.dtype).replace('torch.', '')}"))
+        sites.sort(key=lambda s: -s.nbytes)
+        return LeakReport(self.leaking, self.leak_step, self.growth_per_step, list(self.history), sites[:top],
+                          self.mode, self._tracer.dropped if self._tracer else 0)
+
+    def _site_key(self, o: Origin) -> Any:
+        # The line of the loop that calls step() (found in the allocation's stack), else the
+        # innermost user frame.
+        for code, line in o.stack:
+            if code is self._loop_code:
+                return code, line
+        return o.stack[0] if o.stack else None
+
+    def plot(self, ax: Any = None, budget: int | None = None, label: str | None = None) -> Any:
+        """Live MiB after each step (the budget dashed, the leak flag marked). Returns the Axes."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 3))
+        ax.plot(range(len(self.history)), [b / 2**20 for b in self.history], "o-", ms=3,
+                label=label or ("leaking" if self.leaking else "steady"))
+        drawn = {line.get_label() for line in ax.get_lines()}  # a second finder on the same axes
+        budget = budget if budget is not None else (self._meter.budget if self._meter is not None else None)
+        if budget is not None and "budget" not in drawn:
+            ax.axhline(budget / 2**20, color="red", linestyle="--", label="budget")
+        if self.leak_step is not None:
+            ax.axvline(self.leak_step, color="gray", linestyle=":", label="_" if "flagged" in drawn else "flagged")
+        ax.set(xlabel="step", ylabel="live MiB after the step")
+        ax.legend(fontsize="small")
+        return ax
+
+
+def _frame(entry: Any) -> Frame | None:
+    if entry is None:
+        return None
+    code, line = entry
+    return Frame(code.co_filename, line, code.co_name)
+
+
+def _device_of(track: Any) -> torch.device:
+    if isinstance(track, nn.Module):
+        for t in (*track.parameters(), *track.buffers()):
+            return t.device
+    elif isinstance(track, torch.Tensor):
+        return track.device
+    elif track is not None:
+        for t in track:  # a list by now
+            if isinstance(t, torch.Tensor):
+                return t.device
+    return torch.device("cpu")

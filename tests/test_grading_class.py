@@ -1,0 +1,164 @@
+"""Grading a whole class: 16 lab-00 submissions, good, partly right and broken in every way the
+grader must survive, graded in parallel; then the gradebook, ``nbgrader export``, feedback
+without hidden tests, the wall-clock limit, and zip collection.
+
+The class is graded once (module fixture, 2 workers, a 20 s cell timeout so that the infinite
+loops cost seconds, not minutes); the tests then read what it produced.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from grading_class import LAB, MAX_SCORE, cases, make_course, student_notebook, submit_class, Case
+from gpulab.course import feedback as fb
+from gpulab.course import gradebook, integrity
+from gpulab.course.collect import collect
+from gpulab.course.grade import grade
+from gpulab.course.jail import landlock_abi
+from gpulab.course.nbgrader_cli import nbgrader
+from gpulab.course.sandbox import Limits
+
+pytestmark = [pytest.mark.notebook]
+CLASS_LIMITS = Limits(wall_s=300, cell_timeout_s=20, memory_mb=1536, interrupt_grace_s=5)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory):
+    course = make_course(tmp_path_factory.mktemp("class"))
+    fixture = cases(course)
+    submit_class(course, fixture)
+    rows = grade(course, LAB, jobs=2, limits=CLASS_LIMITS, progress=False)
+    return course, fixture, {r.student: r for r in rows}
+
+
+@pytest.mark.timeout(900)
+def test_every_student_gets_the_expected_score_and_note(graded) -> None:
+    course, fixture, rows = graded
+    assert len(fixture) >= 12 and set(rows) == set(fixture)
+    wrong = {s: (rows[s].score, case.score, rows[s].notes) for s, case in fixture.items() if rows[s].score != case.score}
+    assert not wrong, f"student: (got, expected, notes) {wrong}"
+    for student, case in fixture.items():
+        assert rows[student].max_score == MAX_SCORE
+        if case.note:
+            assert re.search(case.note, rows[student].notes), f"{student}: {rows[student].notes!r}"
+    for student in ("good_ana", "good_ben", "good_cho", "partial", "hidden_fail"):
+        assert rows[student].notes == "", f"{student} has a note it should not: {rows[student].notes}"
+    with open(course / "grades.csv") as fh:
+        table = {r["student"]: r for r in csv.DictReader(fh)}
+    assert set(table) == set(fixture)
+    assert all(float(table[s]["score"]) == rows[s].score for s in fixture)
+
+
+def test_the_gradebook_stays_nbgraders_source_of_truth(graded) -> None:
+    from nbgrader.api import Gradebook
+
+    course, fixture, rows = graded
+    with Gradebook(gradebook.db_url(course), course_id="gpulab") as gb:
+        subs = {s.student.id: s for s in gb.assignment_submissions(LAB)}
+        assert set(subs) == set(fixture)
+        for student, sub in subs.items():
+            assert float(sub.score) == rows[student].score, student
+            for nb in sub.notebooks:
+                assert all(g.auto_score is not None for g in nb.grades), f"{student}: a cell was left ungraded"
+    assert (course / "autograded" / "good_ana" / LAB / f"{LAB}.ipynb").exists()
+    assert not (course / "autograded" / "not_json" / LAB).exists()
+    proc = nbgrader(course, "export", "--to", str(course / "export.csv"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open(course / "export.csv") as fh:
+        exported = {r["student_id"]: float(r["raw_score"]) for r in csv.DictReader(fh) if r["assignment"] == LAB}
+    assert exported == {s: r.score for s, r in rows.items()}
+
+
+def test_restored_tests_ran_in_the_autograded_notebooks(graded) -> None:
+    course = graded[0]
+    nb = nbformat.read(str(course / "autograded" / "deleted_tests" / LAB / f"{LAB}.ipynb"), as_version=4)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    at = ids.index("placement_for_machines")
+    assert ids[at - 1] == "backend_for_machines", "the restored test cell goes after the cell before it in the source"
+    assert any(o.output_type == "error" and o.ename == "NameError" for o in nb.cells[at].outputs)
+    edited = nbformat.read(str(course / "autograded" / "edited_test" / LAB / f"{LAB}.ipynb"), as_version=4)
+    cell = next(c for c in edited.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "backend_for_machines")
+    assert "trust me" not in cell.source and "BEGIN HIDDEN TESTS" in cell.source
+
+
+def test_writes_outside_the_folder_never_reach_the_course(graded) -> None:
+    course = graded[0]
+    if not landlock_abi():
+        pytest.skip("no Landlock on this kernel: only Python-level writes are refused")
+    assert not (course / "ESCAPED.txt").exists(), "the audit hook / Landlock let a Python write through"
+    assert not (course / "ESCAPED_SHELL.txt").exists(), "Landlock let a shell write through"
+
+
+def test_no_grading_process_outlives_the_run(graded) -> None:
+    course = graded[0]
+    leftovers = []
+    for p in psutil.process_iter():
+        try:
+            if "gpulab-grade-" in p.environ().get("GPULAB_SANDBOX", ""):
+                leftovers.append((p.pid, p.name()))
+        except psutil.Error:
+            continue
+    assert not leftovers, f"processes from the grading sandboxes still run: {leftovers}"
+
+
+@pytest.mark.timeout(600)
+def test_feedback_never_shows_hidden_tests(graded) -> None:
+    course, fixture, rows = graded
+    report = fb.feedback(course, LAB)[LAB]
+    assert report["error"] is None and report["leaks"] == {}
+    specs = integrity.lab_spec(gradebook.db_url(course), LAB)
+    lines = fb.hidden_lines(specs)
+    assert len(lines) >= 10
+    pages = sorted(course.glob(f"feedback/*/{LAB}/{LAB}.html"))
+    assert {p.parts[-3] for p in pages} == set(fixture)  # a page for everyone, a note page for the ungraded
+    for page in pages:
+        assert fb.leaks(page.read_text(), lines) == [], page
+    text = fb.html_text((course / "feedback" / "hidden_fail" / LAB / f"{LAB}.html").read_text())
+    assert "expected 'gloo', got 'nccl'" in text, "the failing hidden test's message reaches the student"
+    assert "not valid JSON" in (course / "feedback" / "not_json" / LAB / f"{LAB}.html").read_text()
+    # The check can fail: the same autograded notebook rendered without HideHiddenTests leaks.
+    from nbconvert import HTMLExporter
+
+    raw, _ = HTMLExporter().from_filename(str(course / "autograded" / "hidden_fail" / LAB / f"{LAB}.ipynb"))
+    assert len(fb.leaks(raw, lines)) == len(lines)
+
+
+@pytest.mark.timeout(300)
+def test_wall_clock_limit_stops_a_submission_and_scores_zero(graded) -> None:
+    course = graded[0]
+    shutil.rmtree(course / "submitted")
+    submit_class(course, {"slowpoke": Case()})
+    rows = grade(course, LAB, jobs=1, limits=Limits(wall_s=3, cell_timeout_s=20, memory_mb=1536), progress=False)
+    assert [(r.student, r.score) for r in rows] == [("slowpoke", 0.0)]
+    assert "wall-clock limit" in rows[0].notes
+    assert gradebook.scores(course, LAB, "slowpoke") == (0.0, MAX_SCORE)
+    assert not (course / "autograded" / "slowpoke" / LAB).exists()
+
+
+@pytest.mark.timeout(300)
+def test_collect_imports_an_lms_zip(graded, tmp_path: Path) -> None:
+    course = graded[0]
+    good = nbformat.writes(student_notebook(course, Case()))
+    archive = tmp_path / "submissions.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("alice_00_setup.ipynb", good)
+        z.writestr("bob/00_setup.ipynb", good)
+        z.writestr("carol_smith_00_setup.ipynb", good)
+        z.writestr("Untitled.ipynb", good)
+        z.writestr("readme.txt", "not a submission")
+    report = collect(course, LAB, archive)
+    assert report.students == ["alice", "bob", "carol_smith"]
+    assert any(s.endswith("Untitled.ipynb") for s in report.skipped)
+    for student in report.students:
+        nb = json.loads((course / "submitted" / student / LAB / f"{LAB}.ipynb").read_text())
+        assert nb["cells"], student

@@ -1,0 +1,131 @@
+"""gpulab.memory.oom_retry: under a budget that the whole batch does not fit, training goes on in
+micro-batches, every step keeps its full effective batch, and the final parameters equal a run
+that never ran out of memory."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from gpulab.devices import logical_devices
+from gpulab.memory import MemoryMeter, accumulate_step, oom_retry
+from gpulab.models import MLP
+
+DEV = logical_devices(1, physical=["cpu"])[0]
+
+
+def _data(steps=4, batch=2048):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(batch, 64, generator=g), torch.randint(0, 10, (batch,), generator=g)) for _ in range(steps)]
+
+
+class CountingLoss(nn.Module):
+    """Cross-entropy that records how many samples each call saw."""
+
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        self.reduction = reduction
+        self.seen: list[int] = []
+
+    def forward(self, outputs, targets):
+        self.seen.append(targets.shape[0])
+        return nn.functional.cross_entropy(outputs, targets, reduction=self.reduction)
+
+
+def _train(model, data, budget, loss_fn):
+    lr = 0.1 if loss_fn.reduction == "mean" else 0.1 / 2048  # a summed loss: gradients 2048x larger
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    step = oom_retry(model, opt, loss_fn)
+    meter = MemoryMeter(budget)
+    meter.track(model, DEV)
+    with meter:
+        losses = [step(x, y) for x, y in data]
+    return step, losses, meter
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_same_parameters_as_a_run_without_oom(reduction) -> None:
+    torch.manual_seed(0)
+    model = MLP((64, 256, 10))
+    ref = copy.deepcopy(model)
+    data = _data()
+    ref_step, ref_losses, ref_meter = _train(ref, data, None, CountingLoss(reduction))
+    assert ref_step.micro_batches == 1 and not ref_step.events
+    budget = int(ref_meter.peak(DEV) * 0.6)  # the whole batch's activations no longer fit
+    loss_fn = CountingLoss(reduction)
+    step, losses, meter = _train(model, data, budget, loss_fn)
+
+    assert step.events and step.events[0].step == 0 and step.micro_batches > 1
+    assert step.steps == len(data)  # no step lost
+    assert meter.peak(DEV) <= budget
+    # the effective batch: every step saw all 2048 samples, in micro-batches after the first OOM
+    split = step.micro_batches
+    per_step = [2048] * len(data)
+    seen = loss_fn.seen[-(split * (len(data) - 1)):]
+    assert [sum(seen[i * split:(i + 1) * split]) for i in range(len(data) - 1)] == per_step[1:]
+    assert max(seen) <= 2048 // split + 1
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_accumulation_equals_the_whole_batch_gradient() -> None:
+    torch.manual_seed(0)
+    model = MLP((8, 16, 3))
+    x, y = torch.randn(10, 8), torch.randint(0, 3, (10,))
+    grads = []
+    for k in (1, 3, 10):  # uneven micro-batches too: 4, 3, 3
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.0)  # lr 0: keep .grad to compare
+        loss = accumulate_step(m, opt, nn.CrossEntropyLoss(), x, y, micro_batches=k)
+        grads.append((loss, [p.grad.clone() for p in m.parameters()]))
+    for loss, g in grads[1:]:
+        assert loss == pytest.approx(grads[0][0], rel=1e-6)
+        for a, b in zip(g, grads[0][1]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_out_of_memory_even_one_sample_at_a_time() -> None:
+    torch.manual_seed(0)
+    model = MLP((64, 256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = oom_retry(model, opt, nn.CrossEntropyLoss(), max_micro_batches=4)
+    meter = MemoryMeter(budget=200_000)  # not even the gradients fit
+    meter.track(model, DEV)
+    with meter, pytest.raises(torch.OutOfMemoryError, match="split into 4 micro-batches") as err:
+        step(*_data(1, 64)[0])
+    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
+    assert all(p.grad is None for p in model.parameters())  # nothing half-done left behind
+    assert [e.micro_batches for e in step.events] == [1, 2]
+
+
+def test_other_errors_pass_through_unchanged() -> None:
+    boom = ValueError("shape bug")
+
+    def bad_loss(outputs, targets):
+        raise boom
+
+    model = MLP((4, 2))
+    step = oom_retry(model, torch.optim.SGD(model.parameters(), lr=0.1), bad_loss)
+    with pytest.raises(ValueError) as err:
+        step(torch.randn(3, 4), torch.zeros(3, dtype=torch.long))
+    assert err.value is boom and not step.events
+
+
+def test_bad_inputs() -> None:
+    model = MLP((4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
+        oom_retry(model, opt, nn.CrossEntropyLoss(reduction="none"))
+    with pytest.raises(TypeError, match="nn.Module"):
+        oom_retry(lambda x: x, opt, nn.CrossEntropyLoss())
+    with pytest.raises(TypeError, match="Optimizer"):
+        oom_retry(model, None, nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="max_micro_batches"):
+        oom_retry(model, opt, nn.CrossEntropyLoss(), max_micro_batches=0)
+    step = oom_retry(model, opt, nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="same non-zero number of samples"):
+        step(torch.randn(3, 4), torch.zeros(2, dtype=torch.long))
