@@ -37,7 +37,7 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
-from gpulab import logical
+from gpulab import placement as _placement
 from gpulab.devices import LogicalDevice
 from gpulab.parallel import comm
 
@@ -75,7 +75,7 @@ class SplitModel(nn.Module):
             x = comm.to(x, dev)  # a copy between devices; its backward sends the gradient back
             with dev:
                 x = stage(x)
-        logical.tag(x, self.devices[-1])  # placement() knows where the output is, meter or not
+        _placement.tag(x, self.devices[-1])  # placement() knows where the output is, meter or not
         return x
 
     @property

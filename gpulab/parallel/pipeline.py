@@ -45,7 +45,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from gpulab import logical
+from gpulab import placement as _placement
 from gpulab.devices import LogicalDevice, placement
 from gpulab.parallel import comm
 from gpulab.parallel.bubble import StageEvent
@@ -176,7 +176,7 @@ class _PipelineFunction(torch.autograd.Function):
         ctx.run, ctx.sizes, ctx.source = run, [m.size(0) for m in micro], placement(x)
         with run.devices[-1]:
             out = torch.cat(outs)
-        logical.tag(out, run.devices[-1])
+        _placement.tag(out, run.devices[-1])
         return out
 
     @staticmethod
@@ -278,7 +278,7 @@ class PipelinedModel(nn.Module):
                                                   list(x.split(self.split_size)), self.overlap)
             with self.devices[-1]:
                 out = torch.cat(outs)
-            logical.tag(out, self.devices[-1])
+            _placement.tag(out, self.devices[-1])
             return out
         run = _Run(self)
         self.timeline = run.timeline  # the same list: backward appends its events to it
@@ -288,5 +288,5 @@ class PipelinedModel(nn.Module):
         outs = run.forward(list(x.split(self.split_size)), grad=False, input_grad=False)
         with self.devices[-1]:
             out = torch.cat(outs)
-        logical.tag(out, self.devices[-1])
+        _placement.tag(out, self.devices[-1])
         return out
