@@ -21,8 +21,8 @@ How the stages overlap depends on the devices:
 
 Warning:
     Model each logical device as **one core**: run the compared variants inside
-    :func:`intra_op_threads(1) <gpulab.parallel.pipeline_timing.intra_op_threads>`. ``torch.set_num_threads`` is process-wide, so
-    without it a pipelined run puts two stages x all cores of intra-op threads on the machine, and
+    :func:`intra_op_threads(1) <gpulab.parallel.pipeline_timing.intra_op_threads>`.
+    ``torch.set_num_threads`` is process-wide, so without it a pipelined run puts two stages x all cores of intra-op threads on the machine, and
     a single-device run gets every core for itself: neither compares devices.
 
 Warning:

@@ -52,7 +52,6 @@ def intra_op_threads(num_threads: int = 1) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-
 def train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                optimizer: torch.optim.Optimizer | None = None,
                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy) -> float:
