@@ -199,6 +199,19 @@ print("ctypes fd", libc.open({str(outside / 'c.txt').encode()!r}, os.O_WRONLY | 
         assert "ctypes fd -1" in proc.stdout and not (outside / "c.txt").exists()
 
 
+def test_kernel_environment_keeps_every_cache_in_the_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch writes TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_<user> into os.environ the first time
+    # the grader process imports torch._dynamo; a kernel that inherits it writes outside its box.
+    import torch._dynamo  # noqa: F401
+
+    from gpulab.course.sandbox import _env
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_elsewhere")
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    env = _env(tmp_path, Limits())
+    for key in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
+        assert Path(env[key]).is_relative_to(tmp_path / "tmp"), (key, env[key])
+
+
 def test_jail_memory_limit_raises_memory_error_in_the_student_code(tmp_path: Path) -> None:
     code = "try:\n    b = bytearray(1536 * 2**20)\nexcept MemoryError:\n    print('MemoryError')\n"
     proc = _jail(tmp_path, code, "--memory-mb", "512")

@@ -11,20 +11,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from gpulab.data.hdf5 import EagerH5Dataset, H5Dataset, H5FileError, inspect_h5, make_images, write_h5
-
-N = 96
-
-
-@pytest.fixture(scope="module")
-def data():
-    return make_images(N, (3, 16, 16), seed=3)
-
-
-@pytest.fixture(scope="module")
-def gzip_file(tmp_path_factory, data):
-    return write_h5(tmp_path_factory.mktemp("h5") / "gz.h5", *data, layout="chunked", chunks=(8, 3, 16, 16),
-                    compression="gzip", disable=True)
+from h5_fixtures import N, data, gzip_file  # noqa: F401 - pytest fixtures
+from gpulab.data.hdf5 import EagerH5Dataset, H5Dataset, H5FileError, inspect_h5, write_h5
 
 
 def test_dataset_reads_equal_direct_reads(gzip_file, data) -> None:

@@ -10,20 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from h5_fixtures import N, data, gzip_file  # noqa: F401 - pytest fixtures
 from gpulab.data.hdf5 import H5Dataset, inspect_h5, make_images, suggest_chunks, write_h5
-
-N = 96
-
-
-@pytest.fixture(scope="module")
-def data():
-    return make_images(N, (3, 16, 16), seed=3)
-
-
-@pytest.fixture(scope="module")
-def gzip_file(tmp_path_factory, data):
-    return write_h5(tmp_path_factory.mktemp("h5") / "gz.h5", *data, layout="chunked", chunks=(8, 3, 16, 16),
-                    compression="gzip", disable=True)
 
 
 def test_make_images_is_deterministic_and_photo_like() -> None:

@@ -205,6 +205,9 @@ def _env(box: Path, limits: Limits) -> dict[str, str]:
     extra = {"GPULAB_SANDBOX": str(box), "TMPDIR": str(tmp), "MPLCONFIGDIR": str(tmp / "matplotlib"),
              "IPYTHONDIR": str(tmp / "ipython"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
              "XDG_CACHE_HOME": str(tmp / "cache"), "TRITON_CACHE_DIR": str(tmp / "cache" / "triton"),
+             # torch writes its own choice back into os.environ on first use of torch._dynamo, so a
+             # grader process that used it would hand /tmp/torchinductor_<user> to every kernel.
+             "TORCHINDUCTOR_CACHE_DIR": str(tmp / "cache" / "torchinductor"),
              "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "agg"}
     if limits.threads:
         extra.update(OMP_NUM_THREADS=str(limits.threads), MKL_NUM_THREADS=str(limits.threads))
