@@ -1,6 +1,6 @@
 """Model parallel vs pipelined ResNet training steps, measured side by side (lab 07's figures).
 
-    python benchmarks/model_parallel.py                  # ResNet-18, width 16, 64x64 images, batch 64
+    python benchmarks/model_parallel.py                  # ResNet-18, width 16, 64x64 images, batch 128
     python benchmarks/model_parallel.py --depth 50 --width 8 --repeats 7
 
 The PyTorch tutorial "Single-Machine Model Parallel Best Practices" splits ResNet-50 over two GPUs
@@ -19,10 +19,15 @@ They run interleaved, ``--repeats`` rounds; every figure is a ratio of medians f
 target >= 1.5 on 2 free cores; ``pipeline_speedup`` is naive -> pipe, which also contains the
 micro-batch size effect (``microbatch_effect`` = naive -> seq: on a CPU a small batch can be
 faster per sample through the cache, or slower through per-call overhead; it is not the
-pipeline's). ``split_speedup`` is single -> naive (the tutorial's 0.93). ``cores`` says how many
-cores each variant really had (process CPU time / wall time): a pipelined run on ~1 core means
-another program held the second one, and the overlap figure is then not this code's
-(``two_free_cores`` is false). Prints one JSON line.
+pipeline's). ``split_speedup`` is single -> naive (the tutorial's 0.93).
+
+At the best split size the overlap can earn at most ``S*M/(M+S-1)`` (``overlap_bound_at_best``;
+1.33 for M=2 micro-batches). A 1-thread CPU runs small micro-batches slowly per sample, which
+pushes the best split size up, so the batch is 128 by default (M >= 4 at split sizes <= 32).
+``overlap_speedup_max`` is the largest overlap at any split size. ``cores`` says how many cores
+each variant really had (process CPU time / wall time): a pipelined run on ~1 core means another
+program held the second one, and the overlap figure is then not this code's (``two_free_cores``
+is false). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -50,8 +55,8 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=18)
     parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--image", type=int, default=64, help="image side in pixels")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--split-sizes", default="4,8,16,32", help="comma-separated micro-batch sizes")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--split-sizes", default="8,16,32,64", help="comma-separated micro-batch sizes")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     sizes = [int(s) for s in args.split_sizes.split(",")]
@@ -64,8 +69,9 @@ def main() -> None:
     t_start = time.perf_counter()
     with intra_op_threads(1) if not on_gpu else contextlib.nullcontext():
         single = resnet(args.depth, 10, args.width).to(devices[0].physical)
-        # cut where a training step's measured time splits evenly, timed on one micro-batch
-        split = split_model(copy.deepcopy(single), devices, balance="time", sample=x[:min(sizes)])
+        # cut where a training step's measured time splits evenly, timed on a middle-sized micro-batch
+        k_mid = sorted(sizes)[len(sizes) // 2]
+        split = split_model(copy.deepcopy(single), devices, balance="time", sample=x[:k_mid])
         variants = {"single": _step(single, x, y), "naive": _step(split, x, y)}
         pipes = {}
         for k in sizes:
@@ -76,13 +82,18 @@ def main() -> None:
         mode = pipes[sizes[0]].mode  # inside: it reports the intra-op threads in use
     best = min(sizes, key=lambda k: timings.median(f"pipe{k}"))
     m = pipes[best].num_micro_batches(args.batch_size)
+    overlap = {k: round(timings.speedup(f"seq{k}", f"pipe{k}"), 3) for k in sizes}
     result = {
         "overlap_speedup": round(timings.speedup(f"seq{best}", f"pipe{best}"), 3),
         "pipeline_speedup": round(timings.speedup("naive", f"pipe{best}"), 3),
         "split_speedup": round(timings.speedup("single", "naive"), 3),
         "best_split_size": best,
         "microbatch_effect": round(timings.speedup("naive", f"seq{best}"), 3),
-        "overlap_by_split_size": {k: round(timings.speedup(f"seq{k}", f"pipe{k}"), 3) for k in sizes},
+        "overlap_by_split_size": overlap,
+        # the most overlap can earn at the best split size: S*M / (M+S-1) with S=2 (equal stages)
+        "overlap_bound_at_best": round(2 * m / (m + 1), 3),
+        "overlap_speedup_max": max(overlap.values()),
+        "overlap_max_split_size": max(sizes, key=overlap.__getitem__),
         "target_overlap": TARGET_OVERLAP,
         "bubble_theory": round(bubble_fraction(2, m), 3),
         "bubble_measured": round(measured_bubble(pipes[best].timeline), 3) if not on_gpu else None,
