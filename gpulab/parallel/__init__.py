@@ -9,6 +9,8 @@ each lives in a module about one idea:
 - lab 06: :mod:`~gpulab.parallel.launch` (start ranks, even from a notebook), ``startup``
   (backend, device, threads, port), ``sampler`` (DistributedSampler), ``ddp`` (NaiveDDP,
   BucketedDDP), ``amp`` (torch.amp), ``ddp_timing`` (step times) and ``ddp_check`` (graders).
+- lab 07: :mod:`~gpulab.parallel.model_parallel` (split_model), ``pipeline`` (PipelinedModel),
+  ``bubble`` (bubble fraction, Gantt chart), ``pipeline_timing``, ``norms``, ``pipeline_grading``.
 """
 
 from gpulab.parallel.comm import broadcast, gather, reduce_add, scatter, to
@@ -45,3 +47,13 @@ __all__ += [
     "amp_settings", "amp_step", "make_grad_scaler", "StepTimingConfig", "summarize_step_times",
     "time_sync_strategies", "BranchyNet", "check_ddp_wrapping", "compare_amp_steps", "compare_with_single_process",
 ]
+
+# lab 07: model and pipeline parallelism
+from gpulab.parallel.bubble import StageEvent, bubble_fraction, measured_bubble, plot_timeline  # noqa: E402
+from gpulab.parallel.model_parallel import SplitModel, split_model  # noqa: E402
+from gpulab.parallel.norms import batchnorm_to_groupnorm  # noqa: E402
+from gpulab.parallel.pipeline import PipelinedModel  # noqa: E402
+from gpulab.parallel.pipeline_timing import intra_op_threads  # noqa: E402
+
+__all__ += ["SplitModel", "split_model", "PipelinedModel", "intra_op_threads", "StageEvent", "bubble_fraction",
+            "measured_bubble", "plot_timeline", "batchnorm_to_groupnorm"]
