@@ -53,6 +53,16 @@ import subprocess
 subprocess.Popen(["sleep", "600"], start_new_session=True)  # detached: must not outlive grading
 os.system("sleep 601 &")  # orphaned to init: must not outlive grading either
 '''
+PEEK = '''for target in [{course!r} + "/source/00_setup/00_setup.ipynb", "../../../gradebook.db"]:
+    try:
+        open(target, "rb").read()
+        print("read", target)
+    except OSError as err:
+        print("refused:", type(err).__name__)
+import os, subprocess
+print(subprocess.run(["cat", {course!r} + "/source/00_setup/00_setup.ipynb"], capture_output=True, text=True).stdout)
+os.system("cat " + {course!r} + "/source/00_setup/00_setup.ipynb > copied.ipynb 2>/dev/null")  # a stray notebook
+'''
 STUBBORN = '''import time
 while True:
     try:
@@ -67,7 +77,7 @@ while True:
 
 
 def cases(course: Path) -> dict[str, Case]:
-    """The fixture class (16 students) for a course copy at ``course``."""
+    """The fixture class (17 students) for a course copy at ``course``."""
     return {
         "good_ana": Case(), "good_ben": Case(), "good_cho": Case(),
         "partial": Case(answers={"choose_backend_impl": None, "place_ranks_impl": None, "triage_impl": None}, score=2),
@@ -90,6 +100,9 @@ def cases(course: Path) -> dict[str, Case]:
                         note=r"the kernel died in cell \d+ \(triage_impl\)"),
         "escapee": Case(answers={"to_device_impl": ESCAPE.format(course=str(course)) + "\n{solution}"},
                         note=r"tried to write outside its folder: .*/ESCAPED.txt, <grading copy>/ESCAPED.txt \(refused\)"),
+        "peeker": Case(answers={"choose_backend_impl": PEEK.format(course=str(course)) + "\n{solution}"},
+                       note=r"tried to read the instructor's files: .*/source/00_setup/00_setup.ipynb, "
+                            r"<grading copy>/gradebook.db \(refused\)"),
         "not_json": Case(raw='{"cells": [ this is not json', score=0, note=r"not valid JSON.*resubmit"),
         "wrong_name": Case(file_name="Untitled.ipynb", score=0, note=r"no 00_setup.ipynb in the submission"),
     }

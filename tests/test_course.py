@@ -192,8 +192,8 @@ print("ctypes fd", libc.open({str(outside / 'c.txt').encode()!r}, os.O_WRONLY | 
     assert (ok / "fine.txt").read_text() == "ok"
     assert proc.stdout.count("refused gpulab grading sandbox") == 2
     assert not (outside / "py.txt").exists() and not (outside / "dots.txt").exists()
-    landlock, refused = notes.read_write_log(tmp_path / "log.jsonl")
-    assert refused == [str(outside / "py.txt"), str(outside / "dots.txt")]
+    landlock, refused, reads = notes.read_write_log(tmp_path / "log.jsonl")
+    assert refused == [str(outside / "py.txt"), str(outside / "dots.txt")] and reads == []
     assert landlock == bool(landlock_abi())
     if landlock:  # Landlock also stops what bypasses Python's file API
         assert "ctypes fd -1" in proc.stdout and not (outside / "c.txt").exists()
@@ -210,6 +210,51 @@ def test_kernel_environment_keeps_every_cache_in_the_box(tmp_path: Path, monkeyp
     env = _env(tmp_path, Limits())
     for key in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
         assert Path(env[key]).is_relative_to(tmp_path / "tmp"), (key, env[key])
+
+
+def test_jail_refuses_reading_the_instructors_files_and_logs_it(tmp_path: Path) -> None:
+    secret, public = tmp_path / "course" / "source", tmp_path / "public"
+    secret.mkdir(parents=True)
+    public.mkdir()
+    (secret / "answers.txt").write_text("hidden tests")
+    (public / "data.txt").write_text("data")
+    code = f"""
+import subprocess
+print("public", open({str(public / 'data.txt')!r}).read())
+for path in [{str(secret / 'answers.txt')!r}, {str(public / '..' / 'course' / 'source' / 'answers.txt')!r}]:
+    try:
+        print("LEAK", open(path).read())
+    except PermissionError as err:
+        print("refused", err)
+print("cat says", subprocess.run(["cat", {str(secret / 'answers.txt')!r}], capture_output=True, text=True).stdout or "nothing")
+import torch  # the libraries stay readable
+"""
+    proc = _jail(tmp_path, code, "--no-read", str(tmp_path / "course"), "--audit-log", str(tmp_path / "log.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    assert "public data" in proc.stdout and "LEAK" not in proc.stdout
+    assert proc.stdout.count("refused gpulab grading sandbox: reading") == 2
+    landlock, refused, reads = notes.read_write_log(tmp_path / "log.jsonl")
+    assert refused == [] and reads == [str(secret / "answers.txt")]  # both spellings resolve to one file
+    if landlock:
+        assert "cat says nothing" in proc.stdout
+    assert notes.write_notes([], [], reads) == [f"tried to read the instructor's files: {secret / 'answers.txt'} (refused)"]
+
+
+def test_readable_paths_grant_everything_but_the_denied_folders(tmp_path: Path) -> None:
+    from gpulab.course.readguard import readable_paths
+    (tmp_path / "course" / "source").mkdir(parents=True)
+    (tmp_path / "course" / "release").mkdir()
+    (tmp_path / "course" / "gradebook.db").write_text("")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "course" / "source")
+    grant = readable_paths([str(tmp_path / "course" / "source"), str(tmp_path / "course" / "gradebook.db")])
+    assert str(tmp_path / "lib") in grant and str(tmp_path / "course" / "release") in grant
+    assert not any(g.startswith(str(tmp_path / "course" / "source")) for g in grant)
+    assert str(tmp_path / "course") not in grant and str(tmp_path) not in grant  # ancestors are expanded, not granted
+    assert str(tmp_path / "course" / "gradebook.db") not in grant and str(tmp_path / "link") not in grant
+    assert "/usr" in grant
+    with pytest.raises(ValueError, match="could not load Python"):
+        readable_paths(["/"])
 
 
 def test_jail_memory_limit_raises_memory_error_in_the_student_code(tmp_path: Path) -> None:

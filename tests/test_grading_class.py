@@ -53,6 +53,13 @@ def test_every_student_gets_the_expected_score_and_note(graded) -> None:
             assert re.search(case.note, rows[student].notes), f"{student}: {rows[student].notes!r}"
     for student in ("good_ana", "good_ben", "good_cho", "partial", "hidden_fail"):
         assert rows[student].notes == "", f"{student} has a note it should not: {rows[student].notes}"
+    peeker = course / "autograded" / "peeker" / LAB
+    assert not (peeker / "copied.ipynb").exists(), "a stray notebook was kept beside the lab's own"
+    if landlock_abi():  # Landlock stops what bypasses Python's file API (a shell's cat); the audit hook alone does not
+        cell = next(c for c in nbformat.read(peeker / f"{LAB}.ipynb", as_version=4).cells
+                    if c.metadata.get("nbgrader", {}).get("grade_id") == "choose_backend_impl")
+        shown = json.dumps(cell.get("outputs", []))
+        assert "refused: PermissionError" in shown and "BEGIN HIDDEN TESTS" not in shown, shown[:500]
     with open(course / "grades.csv") as fh:
         table = {r["student"]: r for r in csv.DictReader(fh)}
     assert set(table) == set(fixture)

@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="RLIMIT_DATA (what code allocates, default) or RLIMIT_AS (address space)")
             s.add_argument("--no-confine-writes", action="store_true",
                            help="let notebooks write outside their folder (not recommended)")
+            s.add_argument("--no-confine-reads", action="store_true",
+                           help="let notebooks read the course folder: solutions, hidden tests (not recommended)")
             s.add_argument("--keep-sandboxes", action="store_true", help="keep each submission's grading copy")
             s.add_argument("--quiet", action="store_true", help="no progress bar")
         if name == "collect":
@@ -51,15 +53,19 @@ def _grade(args: argparse.Namespace) -> int:
     try:
         limits = Limits(wall_s=args.wall_timeout, cell_timeout_s=args.cell_timeout,
                         memory_mb=default_memory_mb(jobs) if args.memory_mb is None else args.memory_mb,
-                        memory_rlimit=args.memory_rlimit, confine_writes=not args.no_confine_writes)
+                        memory_rlimit=args.memory_rlimit, confine_writes=not args.no_confine_writes,
+                        confine_reads=not args.no_confine_reads)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     writes = ("off" if not limits.confine_writes else
               f"Landlock ABI {landlock_abi()} + audit hook" if landlock_abi() else "audit hook only (no Landlock)")
+    reads = ("off" if not limits.confine_reads else
+             f"Landlock ABI {landlock_abi()} + audit hook" if landlock_abi() else "audit hook only (no Landlock)")
     cell = f"{limits.cell_timeout_s} s" if limits.cell_timeout_s else "nbgrader_config.py's"
     print(f"grading with {jobs} worker(s): wall clock {limits.wall_s:g} s, cell timeout {cell}, "
-          f"memory {limits.memory_mb or 'unlimited'} MiB (RLIMIT_{limits.memory_rlimit.upper()}), writes confined: {writes}")
+          f"memory {limits.memory_mb or 'unlimited'} MiB (RLIMIT_{limits.memory_rlimit.upper()}), writes confined: {writes}, "
+          f"course unreadable: {reads}")
     t0 = time.perf_counter()
     try:
         rows = grade(args.course, args.lab, jobs=jobs, limits=limits, progress=not args.quiet,

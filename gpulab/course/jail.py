@@ -22,7 +22,10 @@ Three layers, applied in this order before any student code runs:
    catches the error. Where Landlock is missing (macOS, old kernels) this hook is the only
    barrier, and code that bypasses Python's file API (ctypes, a subprocess) is not stopped.
 
-Reads are never restricted: the lab may read gpulab, torch and its own data files.
+Reads are restricted only where ``--no-read`` names a folder (the grader names the course and
+the sandbox's copy of the source): the lab may read gpulab, torch, the system and its own files,
+but not hidden tests, solutions or other students' work (Landlock where the kernel has it, see
+:mod:`gpulab.course.readguard`, and the audit hook, which logs the attempt).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import resource
 import runpy
 import sys
 from typing import Callable, Sequence
+
+from gpulab.course.readguard import READ_FILE, is_beneath, readable_paths
 
 # Landlock ABI (include/uapi/linux/landlock.h). The syscall numbers are the same on every
 # architecture that has them (they were added after the syscall tables were unified).
@@ -87,6 +92,33 @@ def _write_rights(abi: int) -> int:
     return rights
 
 
+def _landlock(handled: int, rules: Sequence[tuple[str, int]]) -> None:
+    """Apply one Landlock layer: ``handled`` rights are refused except as ``rules`` grant them."""
+    libc = _libc()
+    attr = _RulesetAttr(handled_access_fs=handled)
+    fd = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    try:
+        for path, rights in rules:
+            try:
+                path_fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                continue  # gone since it was listed (a temp file): nothing to grant
+            try:
+                rule = _PathBeneathAttr(allowed_access=rights, parent_fd=path_fd)
+                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule({path}) failed")
+            finally:
+                os.close(path_fd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(fd)
+
+
 def landlock_restrict_writes(writable: Sequence[str]) -> bool:
     """Forbid this process and its future children to write anywhere but under ``writable``.
 
@@ -97,29 +129,24 @@ def landlock_restrict_writes(writable: Sequence[str]) -> bool:
         OSError: when Landlock exists but refuses the ruleset (a folder that does not exist...).
     """
     abi = landlock_abi()
-    libc = _libc()
-    if abi < 1 or libc is None:
+    if abi < 1:
         return False
+    for folder in writable:
+        os.stat(folder)  # a missing folder is an error here, not a silently skipped rule
     rights = _write_rights(abi)
-    attr = _RulesetAttr(handled_access_fs=rights)
-    fd = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
-    if fd < 0:
-        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
-    try:
-        for folder in writable:
-            dir_fd = os.open(folder, os.O_PATH | os.O_CLOEXEC)
-            try:
-                rule = _PathBeneathAttr(allowed_access=rights, parent_fd=dir_fd)
-                if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
-                    raise OSError(ctypes.get_errno(), f"landlock_add_rule({folder}) failed")
-            finally:
-                os.close(dir_fd)
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
-            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
-    finally:
-        os.close(fd)
+    _landlock(rights, [(folder, rights) for folder in writable])
+    return True
+
+
+def landlock_deny_reads(denied: Sequence[str]) -> bool:
+    """Forbid this process and its children to read files under ``denied``; all else stays readable.
+
+    Returns:
+        True when the ruleset is in force; False when the kernel has no Landlock.
+    """
+    if landlock_abi() < 1:
+        return False
+    _landlock(READ_FILE, [(path, READ_FILE) for path in readable_paths(denied)])
     return True
 
 
@@ -151,30 +178,39 @@ _PATH_EVENTS: dict[str, tuple[int, ...]] = {
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
-def _is_under(path: str, folders: Sequence[str]) -> bool:
-    return any(path == f or path.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
-
-
-def write_guard(writable: Sequence[str], log: Callable[[dict], None]) -> Callable[[str, tuple], None]:
+def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
+               unreadable: Sequence[str] = ()) -> Callable[[str, tuple], None]:
     """An audit hook that refuses (``PermissionError``) and logs Python-level writes outside
-    ``writable``. Paths are resolved (symlinks, ``..``) before they are compared."""
-    folders = tuple(os.path.realpath(f) for f in writable)
+    ``writable`` (None: writes are not guarded) and reads under ``unreadable``. Paths are
+    resolved (symlinks, ``..``) before they are compared."""
+    folders = None if writable is None else tuple(os.path.realpath(f) for f in writable)
+    hidden = tuple(os.path.realpath(f) for f in unreadable)
 
     def hook(event: str, args: tuple) -> None:
         if event == "open":
             path, mode, flags = args
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
                 isinstance(flags, int) and flags & _WRITE_FLAGS)
-            targets = [path] if writing else []
+            if not writing:
+                if hidden and path is not None and not isinstance(path, int):
+                    real = os.path.realpath(os.fsdecode(path))
+                    if is_beneath(real, hidden):
+                        log({"event": "read", "path": real})
+                        raise PermissionError(f"gpulab grading sandbox: reading {real} is not allowed; a lab "
+                                              f"reads its own folder, gpulab and the libraries, not the course")
+                return
+            targets = [path]
         elif event in _PATH_EVENTS:
             targets = [args[i] for i in _PATH_EVENTS[event] if i < len(args)]
         else:
+            return
+        if folders is None:
             return
         for target in targets:
             if target is None or isinstance(target, int):
                 continue  # an already-open file descriptor
             real = os.path.realpath(os.fsdecode(target))
-            if not _is_under(real, folders):
+            if not is_beneath(real, folders):
                 if "__pycache__" not in real:  # importlib's bytecode cache: refused quietly, imports still work
                     log({"event": event, "path": real})
                 raise PermissionError(f"gpulab grading sandbox: writing to {real} is not allowed; a lab may only "
@@ -189,6 +225,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-rlimit", choices=("data", "as"), default="data")
     p.add_argument("--fsize-mb", type=int, default=0)
     p.add_argument("--write", action="append", default=[], help="a folder the kernel may write in (repeat)")
+    p.add_argument("--no-read", action="append", default=[], help="a folder or file the kernel may not read (repeat)")
     p.add_argument("--audit-log", default=None, help="JSON lines of refused writes")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- -m module args... | -- program args...")
     return p
@@ -209,13 +246,16 @@ def main(argv: list[str] | None = None) -> None:
 
     set_limits(args.memory_mb, args.memory_rlimit, args.fsize_mb)
     landlock = landlock_restrict_writes(writable) if args.write else False
+    unreadable = [os.path.realpath(p) for p in args.no_read]
+    if unreadable:
+        landlock = landlock_deny_reads(unreadable) or landlock
     # The first line of the log: the grader refuses a run whose kernel never got here.
     log({"event": "jail", "landlock": landlock, "writable": writable if args.write else None,
-         "memory_mb": args.memory_mb})
+         "unreadable": unreadable or None, "memory_mb": args.memory_mb})
     if command[0] != "-m":
         os.execvp(command[0], command)  # not Python: limits and Landlock are inherited by exec
-    if args.write:
-        sys.addaudithook(write_guard(writable, log))
+    if args.write or unreadable:
+        sys.addaudithook(file_guard(writable if args.write else None, log, unreadable))
     sys.argv = [command[1], *command[2:]]
     runpy.run_module(command[1], run_name="__main__", alter_sys=True)
 

@@ -52,11 +52,12 @@ def output_notes(path: Path, cell_timeout_s: int | None, memory_mb: int) -> list
     return notes
 
 
-def read_write_log(path: Path) -> tuple[bool | None, list[str]]:
-    """(whether Landlock was in force, the paths whose writes the jail refused)."""
+def read_write_log(path: Path) -> tuple[bool | None, list[str], list[str]]:
+    """(whether Landlock was in force, the paths whose writes the jail refused, the paths whose
+    reads it refused)."""
     if not path.exists():
-        return None, []
-    landlock, refused = None, []
+        return None, [], []
+    landlock, refused, reads = None, [], []
     for line in path.read_text().splitlines():
         try:
             entry = json.loads(line)
@@ -65,19 +66,25 @@ def read_write_log(path: Path) -> tuple[bool | None, list[str]]:
         if entry.get("event") == "jail":
             landlock = bool(entry.get("landlock"))
         elif entry.get("path"):
-            refused.append(entry["path"])
-    return landlock, list(dict.fromkeys(refused))
+            (reads if entry.get("event") == "read" else refused).append(entry["path"])
+    return landlock, list(dict.fromkeys(refused)), list(dict.fromkeys(reads))
 
 
-def write_notes(refused: list[str], strays: list[str]) -> list[str]:
-    """Notes for writes outside the submission's folder: refused ones, and any that got through."""
+def _some(paths: list[str]) -> str:
+    more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+    return ", ".join(paths[:3]) + more
+
+
+def write_notes(refused: list[str], strays: list[str], reads: list[str] = ()) -> list[str]:
+    """Notes for files outside the submission's folder: refused writes, writes that got through,
+    and refused reads of the instructor's files."""
     notes = []
     if refused:
-        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
-        notes.append(f"tried to write outside its folder: {', '.join(refused[:3])}{more} (refused)")
+        notes.append(f"tried to write outside its folder: {_some(refused)} (refused)")
     if strays:
-        more = f" and {len(strays) - 3} more" if len(strays) > 3 else ""
-        notes.append(f"wrote outside its folder (in the grading copy, not the course): {', '.join(strays[:3])}{more}")
+        notes.append(f"wrote outside its folder (in the grading copy, not the course): {_some(strays)}")
+    if reads:
+        notes.append(f"tried to read the instructor's files: {_some(list(reads))} (refused)")
     return notes
 
 

@@ -50,6 +50,8 @@ class Limits:
         threads: OMP/MKL threads per kernel; None = all (the grader sets cores // jobs).
         interrupt_grace_s: seconds a kernel has to stop after a cell times out before it is killed.
         confine_writes: refuse writes outside the submission's folder and its temp folder.
+        confine_reads: refuse reading the instructor's files: the course folder (solutions, hidden
+            tests, other students' work, the gradebook) and the sandbox's gradebook copies.
     """
 
     wall_s: float = 900.0
@@ -60,6 +62,7 @@ class Limits:
     threads: int | None = None
     interrupt_grace_s: int = 10
     confine_writes: bool = True
+    confine_reads: bool = True
 
     def __post_init__(self) -> None:
         if self.wall_s <= 0:
@@ -157,6 +160,18 @@ def check_config(path: Path, jail_args: list[str]) -> None:
         raise SandboxError(f"{path} does not switch on the sandboxed kernel; check the course's nbgrader_config.py")
 
 
+def instructor_files(course: Path, box: Path, template_db: Path) -> list[Path]:
+    """What a student's kernel must not read: the whole course folder (a kernel needs nothing in it),
+    and the gradebooks and source folder of the sandbox (the gradebook holds the hidden tests)."""
+    course, box = course.resolve(), box.resolve()
+    if box.is_relative_to(course):  # a sandbox inside the course: keep the kernel's own folder readable
+        inside = [course / n for n in ("source", "submitted", "autograded", "feedback", "grading_logs")]
+        inside += list(course.glob("gradebook.db*"))
+    else:
+        inside = [course]
+    return inside + [template_db.resolve(), box / "gradebook.db", box / "source"]
+
+
 def prepare(course: Path, template_db: Path, specs: dict[str, integrity.NotebookSpec], lab: str, student: str,
             box: Path, limits: Limits) -> list[str]:
     """Build the isolated course for one submission; return integrity notes.
@@ -181,6 +196,9 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
                  "--fsize-mb", str(limits.fsize_mb), "--audit-log", str(box / "writes.jsonl")]
     if limits.confine_writes:
         jail_args += ["--write", str(work), "--write", str(tmp)]
+    if limits.confine_reads:
+        for path in instructor_files(course, box, template_db):
+            jail_args += ["--no-read", str(path)]
     tail = _CONFIG_TAIL.format(root=str(box), db_url=f"sqlite:///{box / 'gradebook.db'}", jail_args=jail_args,
                                grace=limits.interrupt_grace_s)
     if limits.cell_timeout_s is not None:
@@ -274,14 +292,16 @@ def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity
     result.seconds = time.perf_counter() - t0
     after = _snapshot(box, [work, box / "tmp"])
     strays = sorted(p for p, st in after.items() if before.get(p) != st and p not in _NBGRADER_FILES)
-    result.landlock, refused = notes_mod.read_write_log(box / "writes.jsonl")
+    result.landlock, refused, reads = notes_mod.read_write_log(box / "writes.jsonl")
     refused = [p.replace(str(box), "<grading copy>") for p in refused]  # the copy is deleted after grading
-    result.notes += notes_mod.write_notes(refused, strays)
+    reads = [p.replace(str(box), "<grading copy>") for p in reads]
+    result.notes += notes_mod.write_notes(refused, strays, reads)
     if timed_out:
         result.status = "timeout"
         result.notes.append(f"ran past the {limits.wall_s:g} s wall-clock limit and was stopped; scored 0")
         return result
-    notebooks = sorted(work.glob("*.ipynb"))
+    # The lab's notebooks only: a kernel may leave other *.ipynb files in its folder (empty, broken).
+    notebooks = [work / f"{name}.ipynb" for name in sorted(specs) if (work / f"{name}.ipynb").exists()]
     if result.landlock is None and notebooks:
         # The kernel never went through the jail (it logs its start first thing): do not trust this run.
         result.status = "failed"
