@@ -58,10 +58,9 @@ def _grade(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    writes = ("off" if not limits.confine_writes else
-              f"Landlock ABI {landlock_abi()} + audit hook" if landlock_abi() else "audit hook only (no Landlock)")
-    reads = ("off" if not limits.confine_reads else
-             f"Landlock ABI {landlock_abi()} + audit hook" if landlock_abi() else "audit hook only (no Landlock)")
+    abi = landlock_abi()
+    layers = f"Landlock ABI {abi} + audit hook" if abi else "audit hook only (no Landlock)"
+    writes, reads = (layers if on else "off" for on in (limits.confine_writes, limits.confine_reads))
     cell = f"{limits.cell_timeout_s} s" if limits.cell_timeout_s else "nbgrader_config.py's"
     print(f"grading with {jobs} worker(s): wall clock {limits.wall_s:g} s, cell timeout {cell}, "
           f"memory {limits.memory_mb or 'unlimited'} MiB (RLIMIT_{limits.memory_rlimit.upper()}), writes confined: {writes}, "

@@ -66,16 +66,11 @@ def merge(course: Path, result: SandboxResult) -> tuple[float, float]:
         gb.db.commit()
         sub = gb.find_submission(result.lab, result.student)
         score, max_score = float(sub.score), float(sub.max_score)
-        lab_notebooks = {f"{nb.name}.ipynb" for nb in sub.notebooks}
     dest = Path(course) / "autograded" / result.student / result.lab
     if dest.exists():
         shutil.rmtree(dest)  # as `nbgrader autograde --force` does; a stale copy would contradict the gradebook
     if graded and result.autograded is not None:
-        # Other *.ipynb files a kernel left beside the lab's notebooks would be fed to nbgrader's
-        # feedback and export as if they were part of the lab (an empty one stops generate_feedback).
-        top = str(result.autograded)
-        shutil.copytree(result.autograded, dest, ignore=lambda d, names: [
-            n for n in names if d == top and n.endswith(".ipynb") and n not in lab_notebooks])
+        shutil.copytree(result.autograded, dest)
     return score, max_score
 
 

@@ -92,8 +92,9 @@ def _write_rights(abi: int) -> int:
     return rights
 
 
-def _landlock(handled: int, rules: Sequence[tuple[str, int]]) -> None:
-    """Apply one Landlock layer: ``handled`` rights are refused except as ``rules`` grant them."""
+def _landlock(handled: int, rules: Sequence[tuple[str, int]], *, missing_ok: bool = False) -> None:
+    """Apply one Landlock layer: ``handled`` rights are refused except as ``rules`` grant them.
+    ``missing_ok`` skips a rule whose path has gone (a temp file listed a moment ago)."""
     libc = _libc()
     attr = _RulesetAttr(handled_access_fs=handled)
     fd = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
@@ -103,8 +104,10 @@ def _landlock(handled: int, rules: Sequence[tuple[str, int]]) -> None:
         for path, rights in rules:
             try:
                 path_fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except OSError:
-                continue  # gone since it was listed (a temp file): nothing to grant
+            except FileNotFoundError:
+                if missing_ok:
+                    continue
+                raise
             try:
                 rule = _PathBeneathAttr(allowed_access=rights, parent_fd=path_fd)
                 if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
@@ -131,8 +134,6 @@ def landlock_restrict_writes(writable: Sequence[str]) -> bool:
     abi = landlock_abi()
     if abi < 1:
         return False
-    for folder in writable:
-        os.stat(folder)  # a missing folder is an error here, not a silently skipped rule
     rights = _write_rights(abi)
     _landlock(rights, [(folder, rights) for folder in writable])
     return True
@@ -146,7 +147,7 @@ def landlock_deny_reads(denied: Sequence[str]) -> bool:
     """
     if landlock_abi() < 1:
         return False
-    _landlock(READ_FILE, [(path, READ_FILE) for path in readable_paths(denied)])
+    _landlock(READ_FILE, [(path, READ_FILE) for path in readable_paths(denied)], missing_ok=True)
     return True
 
 

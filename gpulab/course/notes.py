@@ -1,7 +1,7 @@
 """Turn what happened while grading one submission into short notes for ``grades.csv``.
 
 The notes come from the autograded notebook's error outputs (time limit, memory, a dead kernel),
-from the jail's log of refused writes, and from nbgrader's own log when autograde failed.
+from the jail's log of refused writes and reads, and from nbgrader's own log when autograde failed.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Sequence
 
 import nbformat
 
@@ -70,12 +71,12 @@ def read_write_log(path: Path) -> tuple[bool | None, list[str], list[str]]:
     return landlock, list(dict.fromkeys(refused)), list(dict.fromkeys(reads))
 
 
-def _some(paths: list[str]) -> str:
+def _some(paths: Sequence[str]) -> str:
     more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
     return ", ".join(paths[:3]) + more
 
 
-def write_notes(refused: list[str], strays: list[str], reads: list[str] = ()) -> list[str]:
+def write_notes(refused: Sequence[str], strays: Sequence[str], reads: Sequence[str] = ()) -> list[str]:
     """Notes for files outside the submission's folder: refused writes, writes that got through,
     and refused reads of the instructor's files."""
     notes = []
@@ -84,7 +85,7 @@ def write_notes(refused: list[str], strays: list[str], reads: list[str] = ()) ->
     if strays:
         notes.append(f"wrote outside its folder (in the grading copy, not the course): {_some(strays)}")
     if reads:
-        notes.append(f"tried to read the instructor's files: {_some(list(reads))} (refused)")
+        notes.append(f"tried to read the instructor's files: {_some(reads)} (refused)")
     return notes
 
 

@@ -44,7 +44,7 @@ def readable_paths(denied: Sequence[str]) -> list[str]:
     """The folders and files to grant READ_FILE so that all but ``denied`` (resolved) is readable.
 
     Raises:
-        ValueError: when a denied path is ``/`` or nothing would stay readable.
+        ValueError: when ``/`` itself is denied (nothing, Python included, would stay readable).
     """
     deny = {os.path.realpath(d) for d in denied}
     if "/" in deny:

@@ -293,15 +293,19 @@ def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity
     after = _snapshot(box, [work, box / "tmp"])
     strays = sorted(p for p, st in after.items() if before.get(p) != st and p not in _NBGRADER_FILES)
     result.landlock, refused, reads = notes_mod.read_write_log(box / "writes.jsonl")
-    refused = [p.replace(str(box), "<grading copy>") for p in refused]  # the copy is deleted after grading
-    reads = [p.replace(str(box), "<grading copy>") for p in reads]
+    # the grading copy is deleted afterwards: name it, not its temporary path
+    refused, reads = ([p.replace(str(box), "<grading copy>") for p in paths] for paths in (refused, reads))
     result.notes += notes_mod.write_notes(refused, strays, reads)
     if timed_out:
         result.status = "timeout"
         result.notes.append(f"ran past the {limits.wall_s:g} s wall-clock limit and was stopped; scored 0")
         return result
-    # The lab's notebooks only: a kernel may leave other *.ipynb files in its folder (empty, broken).
-    notebooks = [work / f"{name}.ipynb" for name in sorted(specs) if (work / f"{name}.ipynb").exists()]
+    # Other *.ipynb files a kernel left in its folder (empty, broken) would be read, merged into the
+    # course and fed to nbgrader's feedback as if they were part of the lab: drop them here, once.
+    for stray in work.glob("*.ipynb"):
+        if stray.stem not in specs:
+            stray.unlink()
+    notebooks = sorted(work.glob("*.ipynb"))
     if result.landlock is None and notebooks:
         # The kernel never went through the jail (it logs its start first thing): do not trust this run.
         result.status = "failed"
