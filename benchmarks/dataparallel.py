@@ -3,7 +3,7 @@
     python benchmarks/dataparallel.py                     # 4 logical devices on what this machine has
     python benchmarks/dataparallel.py --budget-mib 256 --batch-size 1024
 
-The workload of labs 04-05 (``gpulab.parallel.step_memory.HeadWorkload``): a 64 -> 30,000
+The workload of labs 04-05 (``gpulab.parallel.dp.step_memory.HeadWorkload``): a 64 -> 30,000
 language-model head, cross-entropy loss, 4 logical devices. Measured side by side in this run:
 
 - ``imbalance_dataparallel``: largest / smallest per-device peak of one training step through
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from gpulab.devices import cuda_device_count, logical_devices
 from gpulab.parallel import DataParallel, DataParallelCriterion, DataParallelModel
-from gpulab.parallel.step_memory import HeadWorkload, fits_in_budget, largest_batch, step_memory
+from gpulab.parallel.dp.step_memory import HeadWorkload, fits_in_budget, largest_batch, step_memory
 
 TARGETS = {"imbalance_dataparallel_min": 2.0, "imbalance_balanced_max": 1.25, "max_batch_ratio_min": 1.5}
 MiB = 2**20

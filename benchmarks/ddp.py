@@ -4,7 +4,7 @@
 
 All three train the same MLP (24 hidden layers of 256 features: 50 gradient tensors, 6 MB) on a
 global batch of 64, in one launch of 2 ranks (gloo on a CPU; nccl when each rank has a GPU),
-interleaved step by step so machine load hits them alike (see gpulab.parallel.ddp_timing).
+interleaved step by step so machine load hits them alike (see gpulab.parallel.ddp.timing).
 
 Target: bucketing removes the per-call cost of 50 small all-reduces, so BucketedDDP should be
 clearly faster than NaiveDDP (speedup > 1.5x) and within about 1.5x of torch DDP, which does the

@@ -33,9 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpulab.data.hdf5 import (  # noqa: E402
-    ChunkShuffleSampler, H5Dataset, make_images, measure_chunk_cache, suggest_chunks, write_h5)
 from gpulab.data.chunk_cache import time_reads  # noqa: E402
+from gpulab.data.hdf5 import ChunkShuffleSampler, H5Dataset, make_images, measure_chunk_cache, suggest_chunks, write_h5  # noqa: E402
 
 MiB = 1 << 20
 N, SHAPE = 2048, (3, 64, 64)

@@ -50,7 +50,7 @@ import torch
 from gpulab.devices import logical_devices
 from gpulab.models import resnet
 from gpulab.parallel import PipelinedModel, bubble_fraction, intra_op_threads, measured_bubble, split_model
-from gpulab.parallel.pipeline_timing import time_interleaved, train_step
+from gpulab.parallel.pipeline.timing import time_interleaved, train_step
 
 TARGET_OVERLAP = 1.5
 

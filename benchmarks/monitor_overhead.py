@@ -28,7 +28,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpulab.accel import SimAccelerator  # noqa: E402
 from gpulab.monitor import UtilizationMonitor  # noqa: E402
-from gpulab.nvml import NvmlReader  # noqa: E402
+from gpulab.monitor.nvml import NvmlReader  # noqa: E402
 
 
 def _thread_cpu(native_id: int) -> float:

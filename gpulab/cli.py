@@ -14,8 +14,8 @@ import sys
 
 # command -> ("module", "function taking argv and returning an exit status", "one-line help")
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "doctor": ("gpulab.doctor", "main", "report versions, devices, problems and fixes"),
-    "profile": ("gpulab.profiling", "main", "profile a demo training loop and print the breakdown"),
+    "doctor": ("gpulab.devices.doctor", "main", "report versions, devices, problems and fixes"),
+    "profile": ("gpulab.profiling.loop", "main", "profile a demo training loop and print the breakdown"),
     "grade": ("gpulab.course.__main__", "grade_main", "autograde submissions and export grades.csv"),
 }
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
-
 from conftest import COURSE
+
 from gpulab.course.release import release
 
 LAB = "00_setup"

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from gpulab.data.chunk_cache import (
-    CacheConfig, compare_reads, measure_chunk_cache, next_prime, simulate_chunk_cache, suggest_cache, time_reads)
+    CacheConfig,
+    compare_reads,
+    measure_chunk_cache,
+    next_prime,
+    simulate_chunk_cache,
+    suggest_cache,
+    time_reads,
+)
 from gpulab.data.chunk_sampler import ChunkShuffleSampler
 from gpulab.data.hdf5 import make_images, write_h5
 

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import COURSE
+
 from gpulab.course import grade as grading_run
 from gpulab.course.release import copy_work, release
 

@@ -12,8 +12,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpulab.parallel import (BucketedDDP, NaiveDDP, StepTimingConfig, allreduce_gradients, amp_settings, amp_step, bucket_assignment,
-                             launch, make_grad_scaler, summarize_step_times, time_sync_strategies, unused_parameters)
+from gpulab.parallel import (
+    BucketedDDP,
+    NaiveDDP,
+    StepTimingConfig,
+    allreduce_gradients,
+    amp_settings,
+    amp_step,
+    bucket_assignment,
+    launch,
+    make_grad_scaler,
+    summarize_step_times,
+    time_sync_strategies,
+    unused_parameters,
+)
 
 STEPS = 3
 

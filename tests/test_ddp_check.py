@@ -1,4 +1,4 @@
-"""gpulab.parallel.ddp_check (lab 06's graders) and the sampler's rank bodies: they pass correct
+"""gpulab.grading.lab06 (lab 06's graders) and the sampler's rank bodies: they pass correct
 code, fail wrong code, and catch calls to the reference inside the ranks."""
 
 from __future__ import annotations
@@ -8,10 +8,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpulab.parallel import (BranchyNet, RankFailedError, allreduce_gradients, amp_step, check_ddp_wrapping,
-                             compare_amp_steps, compare_with_single_process, distributed_accuracy, epoch_orders,
-                             launch, unused_parameters)
-from gpulab.parallel.ddp_check import torch_ddp_steps
+from gpulab.grading.lab06 import check_ddp_wrapping, compare_amp_steps, compare_with_single_process
+from gpulab.parallel import (
+    BranchyNet,
+    RankFailedError,
+    allreduce_gradients,
+    amp_step,
+    distributed_accuracy,
+    epoch_orders,
+    launch,
+    unused_parameters,
+)
+from gpulab.parallel.ddp.examples import torch_ddp_steps
 
 
 def _sum_only(model, world_size):  # forgets to divide by world_size

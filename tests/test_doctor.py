@@ -7,8 +7,8 @@ import json
 
 import torch
 
-from gpulab import doctor
-from gpulab.doctor import Facts, GpuInfo
+from gpulab.devices import doctor
+from gpulab.devices.doctor import Facts, GpuInfo
 
 
 def codes(f: Facts) -> list[str]:

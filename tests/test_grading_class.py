@@ -18,8 +18,8 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from grading_class import LAB, MAX_SCORE, Case, cases, make_course, student_notebook, submit_class
 
-from grading_class import LAB, MAX_SCORE, cases, make_course, student_notebook, submit_class, Case
 from gpulab.course import feedback as fb
 from gpulab.course import gradebook, integrity
 from gpulab.course.collect import collect
@@ -107,7 +107,6 @@ def test_writes_outside_the_folder_never_reach_the_course(graded) -> None:
 
 
 def test_no_grading_process_outlives_the_run(graded) -> None:
-    course = graded[0]
     leftovers = []
     for p in psutil.process_iter():
         try:

@@ -9,9 +9,9 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from h5_fixtures import N, data, gzip_file  # noqa: F401 - pytest fixtures
 from torch.utils.data import DataLoader
 
-from h5_fixtures import N, data, gzip_file  # noqa: F401 - pytest fixtures
 from gpulab.data.hdf5 import EagerH5Dataset, H5Dataset, H5FileError, inspect_h5, write_h5
 
 

@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
-
 from h5_fixtures import N, data, gzip_file  # noqa: F401 - pytest fixtures
+
 from gpulab.data.hdf5 import H5Dataset, inspect_h5, make_images, suggest_chunks, write_h5
 
 

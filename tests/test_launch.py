@@ -1,5 +1,5 @@
-"""gpulab.parallel.launch: ranks start (even for closures), report back in order, fail loudly and
-leave no process behind; the start-up decisions in gpulab.parallel.startup.
+"""gpulab.parallel.ddp.launch: ranks start (even for closures), report back in order, fail loudly and
+leave no process behind; the start-up decisions in gpulab.parallel.ddp.startup.
 
 Every test that starts ranks uses fork (about 0.2 s a launch); one test pays for a real spawn.
 """
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from gpulab.parallel import LaunchTimeoutError, RankFailedError, launch, rank_device, resolve_backend, threads_per_rank
-from gpulab.parallel import startup
+from gpulab.parallel.ddp import startup
 
 
 def _descendants() -> list[psutil.Process]:

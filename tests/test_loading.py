@@ -13,8 +13,18 @@ from torch.utils.data import Dataset, get_worker_info
 
 from gpulab.accel import SimAccelerator
 from gpulab.data import caching
-from gpulab.data.loading import (BatchEcho, InMemoryCache, LoaderConfig, LoaderWarning, make_loader,
-                                 measure_loader, normalize_on_host, sweep_loader, to_device_normalize, tune_loader)
+from gpulab.data.loading import (
+    BatchEcho,
+    InMemoryCache,
+    LoaderConfig,
+    LoaderWarning,
+    make_loader,
+    measure_loader,
+    normalize_on_host,
+    sweep_loader,
+    to_device_normalize,
+    tune_loader,
+)
 from gpulab.data.synthetic import SyntheticImages
 
 matplotlib.use("Agg")

@@ -1,4 +1,4 @@
-"""gpulab.logical and gpulab.placement (re-exported by gpulab.devices): logical devices, the
+"""gpulab.devices.logical and gpulab.devices.registry (re-exported by gpulab.devices): logical devices, the
 current device, and where each tensor lives."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import threading
 import pytest
 import torch
 
-from gpulab import devices, logical
-from gpulab import placement as registry
-from gpulab.devices import LogicalDevice, current_device, logical_devices, placement
+from gpulab import devices
+from gpulab.devices import LogicalDevice, current_device, logical, logical_devices, placement
+from gpulab.devices import registry as registry
 from gpulab.parallel import comm
 
 

@@ -7,8 +7,14 @@ import copy
 
 import torch
 
-from gpulab.memory.savings import (bf16_step, checkpointed_forward, checkpointed_step, fp32_step, lab_workloads,
-                                   peak_memory)
+from gpulab.memory.savings import (
+    bf16_step,
+    checkpointed_forward,
+    checkpointed_step,
+    fp32_step,
+    lab_workloads,
+    peak_memory,
+)
 
 
 def test_peak_memory_is_what_the_call_adds() -> None:

@@ -1,4 +1,4 @@
-"""gpulab.parallel.model_parallel: split_model against the unsplit model.
+"""gpulab.parallel.pipeline.split: split_model against the unsplit model.
 
 References: the same model run whole (outputs, gradients, BatchNorm running statistics), a brute
 force search over every cut (balancing), and FLOPs counted by hand (a Linear layer).
@@ -17,7 +17,7 @@ from gpulab.devices import logical_devices, placement
 from gpulab.memory import MemoryMeter
 from gpulab.models import resnet
 from gpulab.parallel import SplitModel, split_model
-from gpulab.parallel.model_parallel import balanced_boundaries, layer_costs, model_layers
+from gpulab.parallel.pipeline.split import balanced_boundaries, layer_costs, model_layers
 
 
 @pytest.fixture

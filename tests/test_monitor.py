@@ -12,9 +12,9 @@ import matplotlib
 import numpy as np
 import pytest
 
-from gpulab import monitor_view
 from gpulab.accel import SimAccelerator, spin
 from gpulab.monitor import UtilizationMonitor
+from gpulab.monitor import view as monitor_view
 
 matplotlib.use("Agg")
 

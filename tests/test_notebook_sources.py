@@ -12,8 +12,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from conftest import COURSE
+
 from gpulab.course.nbgrader_cli import find_labs
 from gpulab.labs import lab_ids
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from conftest import COURSE, LAB_TIMINGS
+
 from gpulab.course.grade import scores_from_gradebook
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 

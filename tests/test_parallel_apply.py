@@ -1,4 +1,4 @@
-"""gpulab.parallel.parallel_apply: one thread per replica, outputs in order, the caller's grad /
+"""gpulab.parallel.dp.parallel_apply: one thread per replica, outputs in order, the caller's grad /
 inference / autocast state carried into the threads, and a replica's exception re-raised with its
 index after every thread has finished."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpulab.devices import current_device, logical_devices
-from gpulab.parallel.parallel_apply import ReplicaError, parallel_apply
+from gpulab.parallel.dp.parallel_apply import ReplicaError, parallel_apply
 
 
 @pytest.fixture

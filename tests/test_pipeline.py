@@ -18,8 +18,15 @@ from torch import nn
 from gpulab.devices import cuda_device_count, logical_devices, placement
 from gpulab.memory import MemoryMeter
 from gpulab.models import resnet
-from gpulab.parallel import (PipelinedModel, StageEvent, batchnorm_to_groupnorm, bubble_fraction, intra_op_threads,
-                             measured_bubble, split_model)
+from gpulab.parallel import (
+    PipelinedModel,
+    StageEvent,
+    batchnorm_to_groupnorm,
+    bubble_fraction,
+    intra_op_threads,
+    measured_bubble,
+    split_model,
+)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Tests of lab 07's grading helpers (gpulab.parallel.pipeline_grading) and timing helpers
-(gpulab.parallel.pipeline_timing): a real pipeline passes the overlap check, code that runs the
+"""Tests of lab 07's grading helpers (gpulab.grading.lab07) and timing helpers
+(gpulab.parallel.pipeline.timing): a real pipeline passes the overlap check, code that runs the
 stages one after the other fails it, hung or failing student code fails fast with a clear message,
 and the timing arithmetic is that of the recorded numbers. No test depends on machine speed.
 """
@@ -16,10 +16,10 @@ from torch import nn
 
 from gpulab.devices import logical_devices
 from gpulab.grading import GradingError
+from gpulab.grading.lab07 import check_overlap_speedup, check_stages_overlap, run_with_timeout
 from gpulab.models import resnet
 from gpulab.parallel import PipelinedModel, SplitModel, split_model
-from gpulab.parallel.pipeline_grading import check_overlap_speedup, check_stages_overlap, run_with_timeout
-from gpulab.parallel.pipeline_timing import Timings, time_interleaved, train_step
+from gpulab.parallel.pipeline.timing import Timings, time_interleaved, train_step
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """profile_loop recovers known injected waits; bad input gets clear errors; the verdict's advice.
 
 The injected-wait tests run on a *virtual clock*: ``perf_counter`` and ``sleep`` in
-``gpulab.sim``, ``gpulab.accel`` and ``gpulab.profiling`` are replaced by a clock that only
+``gpulab.accel.clock``, ``gpulab.accel`` and ``gpulab.profiling`` are replaced by a clock that only
 moves when something sleeps (or spins). Every host operation then takes no time, every wait takes
 exactly what was injected, and the expected fractions are known analytically whatever the load
 on the machine. One smoke test runs the same kind of loop on the real clock.
@@ -20,13 +20,17 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import gpulab.accel
+import gpulab.accel.base
+import gpulab.accel.clock
+import gpulab.accel.host
+import gpulab.accel.sim
 import gpulab.profiling
-import gpulab.sim
-from gpulab import bottleneck
+import gpulab.profiling.loop
 from gpulab.accel import DeviceValue, HostAccelerator, SimAccelerator, as_accelerator
-from gpulab.accel_cuda import CudaAccelerator
-from gpulab.profiling import main, profile_loop
-from gpulab.workloads import BusyDataset, demo_loader, demo_step
+from gpulab.accel.cuda import CudaAccelerator
+from gpulab.profiling import bottleneck, profile_loop
+from gpulab.profiling.loop import main
+from gpulab.profiling.workloads import BusyDataset, demo_loader, demo_step
 
 matplotlib.use("Agg")
 TOL = 0.05
@@ -53,9 +57,10 @@ class VirtualClock:
 @pytest.fixture
 def clock(monkeypatch) -> VirtualClock:
     c = VirtualClock()
-    monkeypatch.setattr(gpulab.sim, "time", c)
-    monkeypatch.setattr(gpulab.accel, "time", c)
-    monkeypatch.setattr(gpulab.profiling, "perf_counter", c.perf_counter)
+    monkeypatch.setattr(gpulab.accel.clock, "time", c)
+    for module in (gpulab.accel.base, gpulab.accel.sim, gpulab.accel.host):
+        monkeypatch.setattr(module, "time", c)
+    monkeypatch.setattr(gpulab.profiling.loop, "perf_counter", c.perf_counter)
     return c
 
 

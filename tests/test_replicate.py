@@ -1,4 +1,4 @@
-"""gpulab.parallel.replicate: one module object per device, parameters broadcast differentiably
+"""gpulab.parallel.dp.replicate: one module object per device, parameters broadcast differentiably
 (gradients sum onto the original), buffers with torch's semantics (replica 0 shares them)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from torch import nn
 
 from gpulab.devices import logical_devices, placement
 from gpulab.parallel import comm
-from gpulab.parallel.replicate import replicate
+from gpulab.parallel.dp.replicate import replicate
 
 
 @pytest.fixture

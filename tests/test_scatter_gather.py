@@ -1,4 +1,4 @@
-"""gpulab.parallel.scatter_gather: nested batches split like torch.chunk, outputs gathered with their
+"""gpulab.parallel.dp.scatter_gather: nested batches split like torch.chunk, outputs gathered with their
 structure, gradients back through both, and clear errors for batches that cannot be split."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpulab.devices import logical_devices, placement
-from gpulab.parallel.scatter_gather import batch_rows, gather, scatter, scatter_kwargs
+from gpulab.parallel.dp.scatter_gather import batch_rows, gather, scatter, scatter_kwargs
 
 Pair = namedtuple("Pair", "x mask")
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpulab.sim import SimulatedAccelerator
+from gpulab.accel.clock import SimulatedAccelerator
 
 
 def test_submit_returns_at_once_and_synchronize_waits() -> None:

@@ -1,4 +1,4 @@
-"""gpulab.parallel.step_memory: per-device memory of one step (the labs' imbalance figures), the
+"""gpulab.parallel.dp.step_memory: per-device memory of one step (the labs' imbalance figures), the
 budget check, and the largest-batch search against brute force."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gpulab.devices import logical_devices
 from gpulab.parallel import DataParallel, DataParallelCriterion, DataParallelModel
-from gpulab.parallel.step_memory import HeadWorkload, fits_in_budget, largest_batch, step_memory
+from gpulab.parallel.dp.step_memory import HeadWorkload, fits_in_budget, largest_batch, step_memory
 
 MiB = 2**20
 

@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulab.course import integrity, notes as notes_mod
+from gpulab.course import integrity
+from gpulab.course import notes as notes_mod
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
 from gpulab.course.processes import kill_marked, kill_tree
 

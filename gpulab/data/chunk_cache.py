@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import h5py
 
-from gpulab.grading import SpeedComparison
+from gpulab.profiling.interleave import SpeedComparison
 
 __all__ = ["CacheConfig", "suggest_cache", "next_prime", "ChunkCacheStats", "measure_chunk_cache",
            "simulate_chunk_cache", "time_reads", "compare_reads"]
@@ -257,7 +257,7 @@ def compare_reads(baseline: Callable[[int], Any], baseline_indices: Sequence[int
     """Per-sample read time of two readers, timed in turns (A B A B ...), medians of ``repeats``.
 
     Taking turns makes both see the same machine load, so the ratio can be graded on any
-    machine (as :func:`gpulab.grading.compare_speed`, but per sample, with a time budget).
+    machine (as :func:`gpulab.profiling.interleave.compare_speed`, but per sample, with a time budget).
     """
     base, cand = [], []
     for _ in range(repeats):

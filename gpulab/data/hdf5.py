@@ -34,9 +34,21 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gpulab.data.chunk_cache import CacheConfig, ChunkCacheStats, measure_chunk_cache, simulate_chunk_cache, suggest_cache
+from gpulab.data.chunk_cache import (
+    CacheConfig,
+    ChunkCacheStats,
+    measure_chunk_cache,
+    simulate_chunk_cache,
+    suggest_cache,
+)
 from gpulab.data.chunk_sampler import ChunkShuffleSampler
-from gpulab.data.h5dataset import EagerH5Dataset, H5Dataset, H5FileError, H5Info, inspect_h5
+from gpulab.data.h5dataset import (
+    EagerH5Dataset,
+    H5Dataset,
+    H5FileError,
+    H5Info,
+    inspect_h5,
+)
 
 __all__ = [
     "make_images", "suggest_chunks", "write_h5", "inspect_h5", "H5Info", "H5FileError",

@@ -35,8 +35,8 @@ from gpulab.data.caching import InMemoryCache
 from gpulab.data.synthetic import SyntheticImages
 from gpulab.data.transfer import to_device_normalize
 from gpulab.data.workers import LoaderConfig, make_loader
-from gpulab.loop_profile import LoopProfile
 from gpulab.profiling import profile_loop
+from gpulab.profiling.result import LoopProfile
 
 __all__ = ["PipelineSetup", "use_one_thread_if_simulated", "calibrate", "baseline_pipeline", "tuned_pipeline", "model_step", "compare_pipelines",
            "Comparison"]

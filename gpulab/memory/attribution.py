@@ -6,7 +6,7 @@ view, an in-place result) or already known is not new. Views are recognised from
 (``Tensor(a)`` returns alias an input) and by comparing storages, which also catches
 ``_unsafe_view``. A new storage is attributed by the first rule that applies:
 
-1. inside a :mod:`gpulab.parallel.comm` transfer, its destination (``gpulab.logical.placing``);
+1. inside a :mod:`gpulab.parallel.comm` transfer, its destination (``gpulab.devices.logical.placing``);
 2. the device of the op's inputs: the first input whose storage gpulab has placed; for list ops
    (``torch._foreach_*``, one output per parameter) the inputs at the same position;
 3. this thread's current device (``with dev:``);
@@ -25,10 +25,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpulab import logical
-from gpulab.devices import default_device
-from gpulab.logical import LogicalDevice, current_device
-from gpulab.placement import ENTRIES, LOCK, default_for, register, storage_of
+from gpulab.devices import default_device, logical
+from gpulab.devices.logical import LogicalDevice, current_device
+from gpulab.devices.registry import ENTRIES, LOCK, default_for, register, storage_of
 
 __all__ = ["MeterMode"]
 

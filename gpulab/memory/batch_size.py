@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gpulab.devices import default_device
-from gpulab.placement import default_for
+from gpulab.devices.registry import default_for
 from gpulab.memory.meter import MemoryMeter
 from gpulab.memory.report import format_bytes
 

@@ -27,11 +27,11 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from gpulab import placement
+from gpulab.devices import registry as placement
 from gpulab.memory.meter import MemoryMeter
 from gpulab.memory.origins import Frame, Origin, OriginTracer
-from gpulab.memory.trend import LeakCriterion
 from gpulab.memory.report import format_bytes
+from gpulab.memory.trend import LeakCriterion
 
 __all__ = ["LeakFinder", "LeakCriterion", "LeakReport", "LeakSite"]
 

@@ -1,6 +1,6 @@
 """A meter's ledger: live, peak and allocated bytes per logical device, the budget, the timeline.
 
-Every method is called with :data:`gpulab.placement.LOCK` held: replica threads, autograd and the
+Every method is called with :data:`gpulab.devices.registry.LOCK` held: replica threads, autograd and the
 weak-reference callbacks of freed storages all update the same ledger.
 """
 
@@ -11,8 +11,8 @@ from collections import Counter
 
 import torch
 
-from gpulab.logical import LogicalDevice
-from gpulab.placement import Entry
+from gpulab.devices.logical import LogicalDevice
+from gpulab.devices.registry import Entry
 from gpulab.memory.report import DeviceMemory, format_bytes, oom_message
 
 __all__ = ["Ledger"]

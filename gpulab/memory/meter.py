@@ -37,13 +37,18 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from gpulab import placement
-from gpulab.logical import LogicalDevice
-from gpulab.placement import LOCK, register, storage_of
+from gpulab.devices import registry as placement
+from gpulab.devices.logical import LogicalDevice
+from gpulab.devices.registry import LOCK, register, storage_of
 from gpulab.memory import threads
 from gpulab.memory.attribution import MeterMode
 from gpulab.memory.ledger import Ledger
-from gpulab.memory.report import MemoryReport, cuda_allocator_stats, format_bytes, plot_timeline
+from gpulab.memory.report import (
+    MemoryReport,
+    cuda_allocator_stats,
+    format_bytes,
+    plot_timeline,
+)
 
 __all__ = ["MemoryMeter"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gpulab.logical import LogicalDevice
+from gpulab.devices.logical import LogicalDevice
 
 __all__ = ["DeviceMemory", "MemoryReport", "format_bytes", "cuda_allocator_stats", "oom_message", "plot_timeline"]
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from gpulab.placement import default_for
+from gpulab.devices.registry import default_for
 from gpulab.memory.meter import MemoryMeter
 from gpulab.models import SmallCNN
 

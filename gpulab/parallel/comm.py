@@ -29,10 +29,9 @@ from typing import Sequence, TypeVar, overload
 import torch
 from torch import nn
 
-from gpulab import logical
-from gpulab.devices import cuda_device_count
-from gpulab.logical import LogicalDevice
-from gpulab.placement import check_in_scope, placement, tag
+from gpulab.devices import cuda_device_count, logical
+from gpulab.devices.logical import LogicalDevice
+from gpulab.devices.registry import check_in_scope, placement, tag
 
 __all__ = ["to", "broadcast", "scatter", "gather", "reduce_add"]
 

@@ -1,0 +1,86 @@
+"""The real-GPU :class:`~gpulab.accel.Accelerator`: a calibrated spin kernel, timed by CUDA events.
+
+``compute(seconds)`` launches ``torch.cuda._sleep(cycles)``, a kernel of one thread block that
+spins for a number of clock cycles calibrated once per device. It is real device work (NVML's
+GPU-Util reads 100 % while it runs) that occupies one SM, which is lab 01's point about what
+GPU-Util does not measure. Times come from CUDA events anchored to the host clock in ``begin()``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from gpulab.accel.base import Accelerator
+from gpulab.devices.batches import tree_map
+
+__all__ = ["CudaAccelerator"]
+
+
+class CudaAccelerator(Accelerator):
+    """A real CUDA device; work is a calibrated spin kernel, times come from CUDA events.
+
+    Args:
+        device: a CUDA ``torch.device`` (or string such as ``"cuda:1"``).
+
+    Raises:
+        RuntimeError: if torch cannot use CUDA here (names the fix).
+    """
+
+    kind = "cuda"
+
+    def __init__(self, device: torch.device | str = "cuda") -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"{device} requested but torch sees no CUDA GPU ({torch.__version__}); "
+                               "use pick_accelerator() (simulated on CPU) or run `python -m gpulab doctor`")
+        dev = torch.device(device)
+        self.torch_device = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+        self.name = f"{self.torch_device} ({torch.cuda.get_device_name(self.torch_device)})"
+        self._cycles_per_s: float | None = None
+        self._anchor: Any = None
+        self._anchor_t = 0.0
+
+    def _calibrate(self) -> float:
+        if self._cycles_per_s is None:
+            with torch.cuda.device(self.torch_device):
+                torch.cuda._sleep(1_000_000)  # warm up the kernel
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.cuda._sleep(50_000_000)
+                end.record()
+                end.synchronize()
+                self._cycles_per_s = 50_000_000 / (start.elapsed_time(end) / 1e3)
+        return self._cycles_per_s
+
+    def compute(self, seconds: float, inputs: torch.Tensor | None = None) -> torch.Tensor:
+        cycles = int(seconds * self._calibrate())
+        with torch.cuda.device(self.torch_device):
+            torch.cuda._sleep(cycles)  # one block spinning: 100 % GPU-Util on one SM of many
+            if isinstance(inputs, torch.Tensor):
+                return inputs.float().mean()
+            return torch.zeros((), device=self.torch_device)
+
+    def copy(self, batch: Any, non_blocking: bool = False) -> Any:
+        return tree_map(lambda t: t.to(self.torch_device, non_blocking=non_blocking), batch)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.torch_device)
+
+    def begin(self) -> None:
+        self._calibrate()
+        self.synchronize()
+        self._anchor = self.record()
+        self._anchor.synchronize()
+        self._anchor_t = time.perf_counter()
+
+    def record(self) -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(self.torch_device))
+        return ev
+
+    def event_time(self, event: Any) -> float:
+        if self._anchor is None:
+            raise RuntimeError("call begin() before reading event times")
+        return self._anchor_t + self._anchor.elapsed_time(event) / 1e3

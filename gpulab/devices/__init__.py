@@ -1,0 +1,34 @@
+"""Devices: what this machine has, and where each rank or replica runs.
+
+- :mod:`~gpulab.devices.physical`: the real devices (:func:`cuda_device_count`, fork-safe;
+  :func:`physical_devices`, :func:`default_device`, :func:`try_gpu`).
+- :mod:`~gpulab.devices.machine`: :class:`MachineSpec` and the backend and placement rules
+  (:func:`choose_backend`, :func:`place_ranks`; lab 00).
+- :mod:`~gpulab.devices.logical`: *logical devices* for multi-device lessons on any machine
+  (:func:`logical_devices`, :class:`LogicalDevice`, :func:`current_device`).
+- :mod:`~gpulab.devices.registry`: which logical device each storage lives on
+  (:func:`placement`).
+- :mod:`~gpulab.devices.batches`: walking nested batches (tuples, lists, dicts of tensors).
+- :mod:`~gpulab.devices.doctor`: ``python -m gpulab doctor``.
+"""
+
+from gpulab.devices.logical import (
+    LogicalDevice,
+    LogicalDevices,
+    current_device,
+    logical_devices,
+)
+from gpulab.devices.machine import MachineSpec, choose_backend, place_ranks
+from gpulab.devices.physical import (
+    cuda_device_count,
+    default_device,
+    physical_devices,
+    try_gpu,
+)
+from gpulab.devices.registry import placement
+
+__all__ = [
+    "cuda_device_count", "physical_devices", "default_device", "try_gpu",
+    "MachineSpec", "choose_backend", "place_ranks",
+    "LogicalDevice", "LogicalDevices", "logical_devices", "current_device", "placement",
+]

@@ -1,0 +1,297 @@
+"""``python -m gpulab doctor``: what this machine has, what is wrong with it, and what will run.
+
+The report is built in three steps, each testable on its own:
+
+1. :func:`probe` collects :class:`Facts` (versions, GPUs through NVML and torch, backends, CPU,
+   RAM). It never raises: a probe that fails is recorded in ``facts.errors``.
+2. :func:`diagnose` turns facts into :class:`Problem`s, each with the fix spelled out: a CPU build
+   of torch on a GPU machine, a driver older than the CUDA build, cuDNN trouble, GPUs hidden by
+   ``CUDA_VISIBLE_DEVICES``.
+3. :func:`lab_modes` says, for every lab, whether it runs on real devices or on logical ones.
+
+``--json`` prints the same report for machines. The exit status is 0 whenever a report was
+printed, including on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpulab.labs import LABS
+
+CUDA_WHEEL_HINT = "pip install --force-reinstall torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    name: str
+    memory_total_bytes: int | None = None
+    compute_capability: str | None = None
+
+
+@dataclass
+class Facts:
+    """Everything the doctor looked at. Every field has a safe default so tests can build one."""
+
+    python: str = platform.python_version()
+    platform: str = platform.platform()
+    torch_version: str | None = None
+    torch_cuda_build: str | None = None  # torch.version.cuda, None on a CPU build
+    cuda_available: bool = False
+    torch_gpu_count: int = 0
+    cudnn_version: int | None = None
+    cudnn_check: str | None = None  # "ok", or the error a tiny cuDNN convolution raised
+    nvml: str = "not tried"  # "ok", "missing" (no library), or "error: ..."
+    driver_version: str | None = None
+    driver_cuda_version: str | None = None  # newest CUDA the driver supports, e.g. "12.4"
+    gpus: list[GpuInfo] = field(default_factory=list)  # from NVML, else from torch
+    nvidia_smi: bool = False
+    cuda_visible_devices: str | None = None
+    nccl_available: bool = False
+    gloo_available: bool = False
+    cpu_count: int | None = None
+    cpu_count_physical: int | None = None
+    ram_bytes: int | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Problem:
+    code: str
+    message: str
+    fix: str
+
+
+def _probe_torch(f: Facts) -> None:
+    import torch
+
+    f.torch_version = torch.__version__
+    f.torch_cuda_build = torch.version.cuda
+    try:
+        f.cuda_available = bool(torch.cuda.is_available())
+        f.torch_gpu_count = torch.cuda.device_count() if f.cuda_available else 0
+    except Exception as err:  # noqa: BLE001
+        f.errors.append(f"torch.cuda: {err}")
+    try:
+        f.cudnn_version = torch.backends.cudnn.version() if f.torch_cuda_build else None
+    except Exception as err:  # noqa: BLE001
+        f.errors.append(f"cudnn version: {err}")
+    if f.cuda_available:
+        try:  # the smallest convolution that goes through cuDNN
+            x = torch.ones(1, 1, 3, 3, device="cuda")
+            torch.nn.functional.conv2d(x, torch.ones(1, 1, 2, 2, device="cuda"))
+            torch.cuda.synchronize()
+            f.cudnn_check = "ok"
+        except Exception as err:  # noqa: BLE001
+            f.cudnn_check = str(err).splitlines()[0][:200]
+        if not f.gpus:
+            for i in range(f.torch_gpu_count):
+                try:
+                    p = torch.cuda.get_device_properties(i)
+                    f.gpus.append(GpuInfo(i, p.name, p.total_memory, f"{p.major}.{p.minor}"))
+                except Exception as err:  # noqa: BLE001
+                    f.errors.append(f"gpu {i}: {err}")
+    try:
+        import torch.distributed as dist
+
+        f.nccl_available = bool(dist.is_available() and dist.is_nccl_available())
+        f.gloo_available = bool(dist.is_available() and dist.is_gloo_available())
+    except Exception as err:  # noqa: BLE001
+        f.errors.append(f"torch.distributed: {err}")
+
+
+def _probe_nvml(f: Facts) -> None:
+    try:
+        import pynvml
+    except Exception:  # noqa: BLE001
+        f.nvml = "missing"
+        return
+    try:
+        pynvml.nvmlInit()
+    except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound on machines without a driver
+        f.nvml = "missing" if "LibraryNotFound" in type(err).__name__ or "not found" in str(err).lower() else f"error: {err}"
+        return
+    try:
+        f.nvml = "ok"
+        drv = pynvml.nvmlSystemGetDriverVersion()
+        f.driver_version = drv.decode() if isinstance(drv, bytes) else str(drv)
+        v = pynvml.nvmlSystemGetCudaDriverVersion()
+        f.driver_cuda_version = f"{v // 1000}.{(v % 1000) // 10}"
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            cc = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            f.gpus.append(GpuInfo(i, name.decode() if isinstance(name, bytes) else str(name),
+                                  int(pynvml.nvmlDeviceGetMemoryInfo(h).total), f"{cc[0]}.{cc[1]}"))
+    except Exception as err:  # noqa: BLE001
+        f.errors.append(f"nvml: {err}")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _probe_host(f: Facts) -> None:
+    f.cpu_count = os.cpu_count()
+    f.cuda_visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    f.nvidia_smi = shutil.which("nvidia-smi") is not None
+    try:
+        import psutil
+
+        f.cpu_count_physical = psutil.cpu_count(logical=False)
+        f.ram_bytes = int(psutil.virtual_memory().total)
+    except Exception as err:  # noqa: BLE001
+        f.errors.append(f"psutil: {err}")
+
+
+def probe() -> Facts:
+    """Collect the facts about this machine. Never raises."""
+    f = Facts()
+    for step in (_probe_host, _probe_nvml, _probe_torch):
+        try:
+            step(f)
+        except Exception as err:  # noqa: BLE001 - the doctor reports, it does not crash
+            f.errors.append(f"{step.__name__[7:]}: {type(err).__name__}: {err}")
+    return f
+
+
+def _version_tuple(v: str | None) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in str(v).split(".")[:2])
+    except ValueError:
+        return ()
+
+
+def diagnose(f: Facts) -> list[Problem]:
+    """The problems visible in ``f``, each with its fix. Empty on a healthy machine."""
+    out: list[Problem] = []
+    hw_gpus = len(f.gpus) if f.nvml == "ok" else (1 if f.nvidia_smi else 0)
+    if f.torch_cuda_build is None and hw_gpus:
+        out.append(Problem(
+            "cpu-build-on-gpu-machine",
+            f"this machine has {hw_gpus} NVIDIA GPU(s) but torch {f.torch_version} is a CPU build, so it cannot use them",
+            f"install the CUDA build of the same version: {CUDA_WHEEL_HINT} (or: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128)",
+        ))
+    build, drv = _version_tuple(f.torch_cuda_build), _version_tuple(f.driver_cuda_version)
+    if build and drv and drv < build and (drv[0] < build[0] or not f.cuda_available):
+        out.append(Problem(
+            "driver-too-old",
+            f"torch was built for CUDA {f.torch_cuda_build} but the driver {f.driver_version} supports CUDA {f.driver_cuda_version} at most",
+            f"update the NVIDIA driver to one that supports CUDA {f.torch_cuda_build}, or install a torch build for CUDA {f.driver_cuda_version} or older",
+        ))
+    cvd = f.cuda_visible_devices
+    if f.torch_cuda_build and hw_gpus and f.torch_gpu_count == 0 and cvd is not None:
+        out.append(Problem(
+            "gpus-hidden",
+            f"NVML sees {hw_gpus} GPU(s) but torch sees none: CUDA_VISIBLE_DEVICES={cvd!r} hides them",
+            "unset CUDA_VISIBLE_DEVICES (or set it to the GPU indices you want, e.g. CUDA_VISIBLE_DEVICES=0,1) before starting Python",
+        ))
+    if f.torch_cuda_build and hw_gpus and not f.cuda_available and cvd is None and not out:
+        out.append(Problem(
+            "cuda-unavailable",
+            "torch is a CUDA build and GPUs are present, yet torch.cuda.is_available() is False",
+            "run nvidia-smi; if it fails, reinstall the driver; if it works, reinstall torch and check that nothing sets LD_LIBRARY_PATH to another CUDA",
+        ))
+    if f.cuda_available and (f.cudnn_version is None or (f.cudnn_check not in (None, "ok"))):
+        detail = f.cudnn_check if f.cudnn_check not in (None, "ok") else "cuDNN is not available"
+        out.append(Problem(
+            "cudnn",
+            f"cuDNN does not work: {detail}",
+            "torch wheels bundle their own cuDNN: remove other cuDNN/CUDA folders from LD_LIBRARY_PATH and reinstall torch. "
+            "CUDNN_STATUS_NOT_INITIALIZED or _ALLOC_FAILED often means the GPU is out of memory: check nvidia-smi",
+        ))
+    return out
+
+
+def lab_modes(f: Facts) -> list[dict[str, Any]]:
+    """For each lab: ``real`` if this machine has the GPUs it needs, else ``logical``."""
+    gpus = f.torch_gpu_count if f.cuda_available else 0
+    rows = []
+    for lab in LABS:
+        if lab.devices == 0:
+            mode, where = "real", "cpu" if gpus == 0 else "cpu + cuda"
+        elif gpus >= lab.devices:
+            mode, where = "real", f"{lab.devices} GPU(s)"
+        else:
+            mode, where = "logical", lab.fallback.format(physical="cuda:0" if gpus else "cpu")
+        rows.append({"lab": lab.id, "needs_gpus": lab.devices, "mode": mode, "where": where})
+    return rows
+
+
+def summary_mode(f: Facts) -> str:
+    gpus = f.torch_gpu_count if f.cuda_available else 0
+    return "cpu-only" if gpus == 0 else ("single-gpu" if gpus == 1 else f"multi-gpu ({gpus})")
+
+
+def report(f: Facts | None = None) -> dict[str, Any]:
+    """The whole report as a JSON-able dict."""
+    f = f or probe()
+    return {
+        "mode": summary_mode(f),
+        "facts": dataclasses.asdict(f),
+        "problems": [dataclasses.asdict(p) for p in diagnose(f)],
+        "labs": lab_modes(f),
+    }
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    """The human-readable report."""
+    f = rep["facts"]
+    lines = ["gpulab doctor", "=" * 13]
+    lines.append(f"mode:        {rep['mode']}")
+    lines.append(f"python:      {f['python']} on {f['platform']}")
+    lines.append(f"torch:       {f['torch_version']} ({'CUDA ' + f['torch_cuda_build'] + ' build' if f['torch_cuda_build'] else 'CPU build'})")
+    lines.append(f"CUDA:        {'available' if f['cuda_available'] else 'not available'}; driver {f['driver_version'] or '-'}"
+                 f" (supports CUDA {f['driver_cuda_version'] or '-'}); NVML {f['nvml']}")
+    lines.append(f"cuDNN:       {f['cudnn_version'] or '-'}" + (f" (check: {f['cudnn_check']})" if f["cudnn_check"] else ""))
+    lines.append(f"backends:    nccl {'yes' if f['nccl_available'] else 'no'}, gloo {'yes' if f['gloo_available'] else 'no'}")
+    lines.append(f"CPU:         {f['cpu_count']} logical cores ({f['cpu_count_physical']} physical), RAM {_gib(f['ram_bytes'])}")
+    if f["cuda_visible_devices"] is not None:
+        lines.append(f"CUDA_VISIBLE_DEVICES={f['cuda_visible_devices']!r}")
+    if f["gpus"]:
+        for g in f["gpus"]:
+            lines.append(f"GPU {g['index']}:       {g['name']}, {_gib(g['memory_total_bytes'])}, compute capability {g['compute_capability']}")
+    else:
+        lines.append("GPUs:        none. This is a CPU-only machine: every lab runs here, multi-device parts on logical devices.")
+    lines.append("")
+    if rep["problems"]:
+        lines.append("Problems found:")
+        for p in rep["problems"]:
+            lines.append(f"  [{p['code']}] {p['message']}")
+            lines.append(f"      fix: {p['fix']}")
+    else:
+        lines.append("No problems found.")
+    if f["errors"]:
+        lines.append("Probes that failed (reported, not fatal): " + "; ".join(f["errors"]))
+    lines.append("")
+    lines.append("Labs on this machine:")
+    for row in rep["labs"]:
+        lines.append(f"  {row['lab']:<18} {row['mode']:<8} {row['where']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpulab doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    rep = report()
+    print(json.dumps(rep, indent=2) if args.json else format_report(rep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Lab 01's graders: the references the bottleneck exercises must not call."""
+
+from __future__ import annotations
+
+from gpulab.accel.sim import DeviceValue
+from gpulab.profiling.bottleneck import busy_fraction, classify, sm_activity, verdict
+
+__all__ = ["REFERENCES"]
+
+# gpulab's reference implementations of this lab's exercises: a test cell passes them to
+# grading.check_not_calling(..., forbidden=REFERENCES) so that a submission cannot call them.
+REFERENCES: tuple = (busy_fraction, sm_activity, classify, verdict, DeviceValue.item, DeviceValue.__repr__)

@@ -1,0 +1,305 @@
+"""Start ``world_size`` ranks from Python, even from a notebook: :func:`launch`.
+
+``torch.multiprocessing.spawn(main_worker, nprocs=n)`` is how the classic DDP tutorials start
+their ranks. Spawn starts fresh interpreters and sends them ``main_worker`` *by name*, so a
+function defined in a notebook cell fails with ``Can't get attribute 'main_worker' on <module
+'__main__'>``: the new interpreter has no notebook to find it in. It is also slow: every rank
+imports torch again (about 20 s for two ranks on a 2-core laptop).
+
+The mechanism chosen here: **fork**. A forked rank is a copy of the caller's memory, so ``fn``
+needs no pickling (notebook functions, lambdas and closures all work) and torch is already
+imported (a 2-rank start takes well under a second). Fork has one rule: the CUDA driver does not
+survive it. :func:`launch` therefore
+
+- uses fork when the platform has it (Linux, macOS), and the ranks will not need CUDA or the
+  parent has not initialised it (``torch.cuda.is_available()`` counts: it calls ``cuInit``; set
+  ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` to check through NVML instead);
+- otherwise uses spawn (Windows; nccl ranks after CUDA was initialised here), which needs
+  ``fn`` and ``args`` to be picklable *and* importable: defined in a ``.py`` file, not in a
+  notebook. If they are not, it raises ``ValueError`` saying how to fix it, before starting
+  anything. Python >= 3.14 defaults to forkserver, which has the same needs as spawn; fork is
+  requested explicitly, so that default does not matter here.
+
+Rank 0 hosts the rendezvous (a ``TCPStore`` on 127.0.0.1 and a free port; if another process
+takes the port first, the ranks are stopped and started again on another one). The parent echoes each rank's output with a ``[rank r]`` prefix, and supervises: when a rank
+fails, the others are stopped at once and :class:`RankFailedError` carries the failing rank's
+traceback; when ``timeout`` passes (a hung collective), every rank is stopped and
+:class:`LaunchTimeoutError` says where each one was waiting. No rank process (nor a DataLoader
+worker it started) outlives :func:`launch`.
+
+Example (in a notebook cell)::
+
+    def worker(rank, world_size):
+        t = torch.ones(1) * rank
+        dist.all_reduce(t)
+        return t.item()
+
+    launch(worker, 2)   # [1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import tempfile
+import time
+import uuid
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gpulab.parallel.ddp import _worker, startup
+from gpulab.parallel.ddp._worker import RankConfig
+from gpulab.parallel.ddp.startup import (
+    PORT_ATTEMPTS,
+    _choose_start_method,
+    resolve_backend,
+    threads_per_rank,
+)
+
+__all__ = ["launch", "RankFailedError", "LaunchTimeoutError"]
+
+_FAILURE_GRACE_S = 1.0  # after a first failure, how long the other ranks get to report their own
+
+
+class RankFailedError(RuntimeError):
+    """A rank raised (or died). ``rank``, ``exc_type`` and ``remote_traceback`` say which and why."""
+
+    def __init__(self, rank: int, world_size: int, exc_type: str, message: str, remote_traceback: str,
+                 others: Sequence[str] = ()):
+        self.rank, self.world_size, self.exc_type = rank, world_size, exc_type
+        self.remote_traceback = remote_traceback
+        text = f"rank {rank} of {world_size} failed with {exc_type}: {message}"
+        if "Cannot re-initialize CUDA in forked subprocess" in remote_traceback:
+            text += ("\n  Hint: this rank used CUDA but was forked; pass start_method='spawn' (fn must then live "
+                     "in a .py file), or use backend='nccl'/'auto' so launch() picks the start method")
+        if others:
+            text += "\n  (then: " + "; ".join(others) + ")"
+        super().__init__(f"{text}\n\n--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}")
+
+
+class LaunchTimeoutError(TimeoutError):
+    """Ranks were still running when the timeout passed; ``stacks`` maps rank -> where it waited."""
+
+    def __init__(self, ranks: list[int], world_size: int, timeout: float, stacks: dict[int, str]):
+        self.ranks, self.stacks = ranks, stacks
+        where = "".join(f"\n--- rank {r} was at ---\n{stacks.get(r, '(no stack dumped)').rstrip()}" for r in ranks)
+        super().__init__(
+            f"ranks {ranks} of {world_size} were still running after timeout={timeout:g}s and were stopped. "
+            "A collective (all_reduce, barrier, broadcast...) waits until every rank calls it, so a rank "
+            "that skips one, or calls them in another order, hangs the others: check that all ranks run "
+            "the same collectives in the same order (or raise timeout= if the work is just long)." + where)
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL a rank and everything in its process group (its DataLoader workers)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, AttributeError, OSError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, OSError):
+        pass
+
+
+class _Echo:
+    """Copies complete new lines of each rank's log to our stdout, prefixed with the rank."""
+
+    def __init__(self, workdir: str, world_size: int, enabled: bool):
+        self.paths = [_worker.log_path(workdir, r) for r in range(world_size)]
+        self.offsets = [0] * world_size
+        self.partial = [""] * world_size
+        self.enabled = enabled
+
+    def poll(self, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        for r, path in enumerate(self.paths):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    f.seek(self.offsets[r])
+                    chunk = f.read()
+                    self.offsets[r] = f.tell()
+            except FileNotFoundError:
+                continue
+            lines = (self.partial[r] + chunk).split("\n")
+            self.partial[r] = "" if final else lines.pop()
+            for line in lines if not final else [ln for ln in lines if ln]:
+                print(f"[rank {r}] {line}", flush=True)
+
+
+def _read_record(workdir: str, rank: int, exitcode: int | None) -> dict[str, Any]:
+    path = _worker.result_path(workdir, rank)
+    if path.exists():
+        # map_location: a CUDA tensor returned by a rank must not initialise CUDA here (fork rule).
+        return torch.load(path, map_location="cpu", weights_only=False)
+    how = (f"killed by {signal.Signals(-exitcode).name}" if exitcode and exitcode < 0
+           else f"exit code {exitcode}")
+    return {"ok": False, "type": "ProcessDied", "time": time.time(),
+            "message": f"the process ended ({how}) without reporting (out of memory? a crash in C++? os._exit?)",
+            "traceback": "(no Python traceback: see this rank's output above)"}
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    backend: str = "auto",
+    timeout: float = 120,
+    *,
+    port: int | None = None,
+    start_method: str | None = None,
+    threads: int | None = None,
+    echo: bool = True,
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes joined in a process group.
+
+    Each rank has ``torch.distributed`` initialised (through a TCPStore that rank 0 hosts on
+    127.0.0.1), torchrun's environment variables set, and ``threads`` intra-op threads. See the
+    module docstring for how the processes are started and why.
+
+    Args:
+        fn: the rank's work; may be defined in a notebook cell. Its return value comes back.
+        world_size: number of ranks (processes), >= 1.
+        args: extra positional arguments for ``fn``.
+        backend: ``"auto"`` (nccl if every rank can own a GPU, else gloo), ``"gloo"`` or ``"nccl"``.
+        timeout: seconds for the whole run (start-up included) and for each collective.
+        port: try this rendezvous port first (a free one is used, with a warning, if it is taken).
+        start_method: force ``"fork"`` or ``"spawn"`` (default: chosen as the module docstring says).
+        threads: intra-op threads per rank; default ``cores // world_size`` (at least 1), so the
+            ranks do not oversubscribe the cores they share.
+        echo: print each rank's output here, prefixed ``[rank r]``.
+
+    Returns:
+        The return values of ``fn``, in rank order (tensors come back on the CPU).
+
+    Raises:
+        ValueError: bad ``world_size``/``timeout``/``backend``, nccl without a GPU per rank, or a
+            ``fn`` that cannot be sent to the ranks (the message says how to fix each).
+        RankFailedError: a rank raised or died; its traceback is in the message.
+        LaunchTimeoutError: ranks were still running after ``timeout`` seconds (a hung collective).
+
+    Warning:
+        A forked rank shares nothing with the caller after the fork: changes it makes to objects
+        (a model, a list) stay in the rank. Return what the caller needs. The other way round, a
+        rank inherits every module the caller has imported, and pays again for every lazy import
+        it triggers itself: torch's ``DistributedDataParallel`` imports ``torch._dynamo`` on first
+        use (about 3 s on 2 cores, in every rank of every launch), so ``import torch._dynamo`` in
+        the caller first when the ranks will build torch DDP.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1 (the number of processes), got {world_size!r}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not callable(fn):
+        raise ValueError(f"fn must be a function called as fn(rank, world_size, *args), got {fn!r}")
+    args = tuple(args)
+    backend = resolve_backend(backend, world_size)
+    method = _choose_start_method(fn, args, backend, start_method)
+    threads = threads or threads_per_rank(world_size)
+    deadline = time.monotonic() + timeout
+    wanted = port
+    for _ in range(PORT_ATTEMPTS):
+        try:
+            return _run(fn, args, world_size, backend, method, wanted or startup._free_port(), threads, timeout, deadline, echo)
+        except _PortTaken as err:
+            if wanted is not None:
+                warnings.warn(f"port {wanted} is already in use on {_worker.HOST}; using a free port instead",
+                              stacklevel=2)
+            wanted, last = None, err
+    raise RuntimeError(f"could not find a free rendezvous port on {_worker.HOST} in {PORT_ATTEMPTS} tries ({last})")
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _run(fn: Callable[..., Any], args: tuple, world_size: int, backend: str, method: str, port: int, threads: int,
+         timeout: float, deadline: float, echo: bool) -> list[Any]:
+    """One attempt: start the ranks on ``port``, supervise them, clean up whatever happens."""
+    ctx = multiprocessing.get_context(method)
+    with tempfile.TemporaryDirectory(prefix="gpulab-launch-") as workdir:
+        cfg = RankConfig(world_size, backend, port, float(timeout), threads, workdir, os.getpid(), uuid.uuid4().hex)
+        procs: dict[int, Any] = {}
+        echo_out = _Echo(workdir, world_size, echo)
+        try:
+            for rank in range(world_size):
+                p = ctx.Process(target=_worker.rank_main, args=(fn, rank, args, cfg), daemon=False,
+                                name=f"gpulab-rank{rank}")
+                p.start()
+                try:
+                    os.setpgid(p.pid, p.pid)  # also done in the child; whichever runs first wins the race
+                except (OSError, AttributeError):
+                    pass
+                procs[rank] = p
+            return _supervise(procs, workdir, world_size, timeout, deadline, echo_out)
+        finally:
+            for p in procs.values():
+                if p.exitcode is None:
+                    _kill_group(p.pid)
+                p.join()
+            echo_out.poll(final=True)
+
+
+def _supervise(procs: dict[int, Any], workdir: str, world_size: int, timeout: float, deadline: float,
+               echo_out: _Echo) -> list[Any]:
+    results: dict[int, Any] = {}
+    failures: list[tuple[int, dict[str, Any]]] = []
+    pending = set(procs)
+    first_failure = None
+    while pending:
+        now = time.monotonic()
+        if first_failure is not None and now - first_failure > _FAILURE_GRACE_S:
+            break  # the others are most likely stuck waiting for the failed rank
+        if now >= deadline:
+            raise LaunchTimeoutError(sorted(pending), world_size, timeout, _dump_stacks(procs, pending, workdir))
+        ready = multiprocessing.connection.wait([procs[r].sentinel for r in pending], timeout=min(0.1, deadline - now))
+        echo_out.poll()
+        for rank in [r for r in pending if procs[r].sentinel in ready]:
+            _kill_group(procs[rank].pid)  # stray grandchildren; the exited rank is a zombie until joined
+            procs[rank].join()
+            pending.discard(rank)
+            record = _read_record(workdir, rank, procs[rank].exitcode)
+            if record["ok"]:
+                results[rank] = record["value"]
+            else:
+                failures.append((rank, record))
+                first_failure = first_failure or time.monotonic()
+                if record["type"] == "PortInUse":
+                    pending.clear()  # nothing ran yet: stop everyone now and retry on another port
+    if failures:
+        failures.sort(key=lambda f: f[1]["time"])  # the first to fail is the cause; the rest follow it
+        rank, rec = failures[0]
+        if rec["type"] == "PortInUse":
+            raise _PortTaken(rec["message"])
+        others = [f"rank {r} {o['type']}: {(o['message'] or '').splitlines()[0][:160] if o['message'] else ''}"
+                  for r, o in failures[1:]]
+        raise RankFailedError(rank, world_size, rec["type"], rec["message"], rec["traceback"], others)
+    return [results[r] for r in range(world_size)]
+
+
+def _dump_stacks(procs: dict[int, Any], ranks: set[int], workdir: str) -> dict[int, str]:
+    """Ask each hung rank for its Python stacks (faulthandler on SIGUSR1) before it is killed."""
+    if not hasattr(signal, "SIGUSR1"):
+        return {}
+    for r in ranks:
+        try:
+            os.kill(procs[r].pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
+    stacks = {}
+    for r in ranks:
+        try:
+            text = _worker.stack_path(workdir, r).read_text(errors="replace")
+        except OSError:
+            continue
+        # faulthandler lists the most recent call first; frames below rank_main are launch's own.
+        lines = text.splitlines()
+        cut = next((i for i, ln in enumerate(lines) if "in rank_main" in ln), len(lines))
+        stacks[r] = "\n".join(lines[:cut])
+    return stacks

@@ -1,0 +1,120 @@
+"""The GPU schedule of :class:`gpulab.parallel.PipelinedModel`: one host thread, one CUDA stream per stage.
+
+This is the schedule of the PyTorch tutorial "Single-Machine Model Parallel Best Practices": GPU
+work is asynchronous, so the host can launch micro-batch j on stage 1 and j + 1 on stage 0 back
+to back, and both devices compute at once. Each stage gets its own stream (so two logical devices
+sharing one GPU can overlap too), and the streams are ordered by events:
+
+- at clock tick ``t`` stage ``s`` runs micro-batch ``t - s``; stages are launched last first, so
+  a stage's input was produced (and its event recorded) at an earlier tick;
+- a stage's output is copied to the next device on the producing stream, then an event is
+  recorded; the next stage's stream waits for that event (``Stream.wait_event``), and the copy is
+  marked as used on that stream (``Tensor.record_stream``) so the caching allocator does not hand
+  its memory out again while the consumer may still read it;
+- the caller's stream on the last device waits for the last stage before it reads the outputs.
+
+Autograd runs each backward op on the stream of its forward op, one autograd thread per GPU, so
+backward overlaps across GPUs by itself. With ``overlap=False`` the host waits for each stage
+before launching the next one: the same work, one micro-batch after the other.
+
+Not run in CI (no GPU there): the tests marked ``gpu`` / ``multigpu`` cover it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from gpulab.devices import LogicalDevice
+from gpulab.parallel import comm
+from gpulab.parallel.pipeline.bubble import StageEvent
+
+__all__ = ["forward_streams"]
+
+
+def forward_streams(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], micro: list[torch.Tensor],
+                    overlap: bool = True) -> tuple[list[torch.Tensor], list[StageEvent]]:
+    """Pipeline the micro-batches through the stages on CUDA streams.
+
+    Returns:
+        The last stage's output for each micro-batch (ready on the caller's current stream of the
+        last device) and the timeline, timed with CUDA events.
+    """
+    num, m = len(stages), len(micro)
+    streams = [torch.cuda.Stream(device=d.physical) for d in devices]
+    for st, d in zip(streams, devices):
+        st.wait_stream(torch.cuda.current_stream(d.physical))  # the input and weights are ready
+    origins = {}  # CUDA events time only against events of their own GPU: one start mark per GPU
+    for d in dict.fromkeys(d.physical for d in devices):
+        origins[d] = torch.cuda.Event(enable_timing=True)
+        origins[d].record(torch.cuda.current_stream(d))
+    handoff: list[list[tuple[torch.Tensor, torch.cuda.Event] | None]] = [[None] * m for _ in range(num)]
+    marks: list[tuple[int, int, torch.cuda.Event, torch.cuda.Event, torch.cuda.Event]] = []
+    outs: list[torch.Tensor | None] = [None] * m
+    for tick in range(m + num - 1):
+        for s in reversed(range(num)):  # downstream first: its input is from an earlier tick
+            j = tick - s
+            if not 0 <= j < m:
+                continue
+            dev, st = devices[s], streams[s]
+            with dev, torch.cuda.stream(st):
+                if s == 0:
+                    x = micro[j]
+                    if x.is_cuda:
+                        x.record_stream(st)  # the caller's tensor, read on this stream
+                    x = comm.to(x, dev, non_blocking=True)
+                else:
+                    x, ready = handoff[s - 1][j]
+                    handoff[s - 1][j] = None
+                    st.wait_event(ready)  # the copy from the stage before has landed
+                    x.record_stream(st)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(st)
+                out = stages[s](x)
+                end.record(st)
+                if s + 1 < num:  # copy on this stream, then say so with an event
+                    out = comm.to(out, devices[s + 1], non_blocking=True)
+                    ready = torch.cuda.Event()
+                    ready.record(st)
+                    handoff[s][j] = (out, ready)
+                else:
+                    outs[j] = out
+            marks.append((s, j, origins[dev.physical], start, end))
+            if not overlap:
+                st.synchronize()  # the host waits: nothing else is launched meanwhile
+    last = torch.cuda.current_stream(devices[-1].physical)
+    last.wait_stream(streams[-1])
+    for out in outs:
+        out.record_stream(last)
+    return outs, _Timeline(marks)
+
+
+class _Timeline(list):
+    """StageEvents read lazily from CUDA events: reading them waits for the GPU, so only the
+    caller who looks at ``timeline`` pays for it."""
+
+    def __init__(self, marks: list) -> None:
+        super().__init__()
+        self._marks = marks
+
+    def _resolve(self) -> None:
+        if self._marks:
+            for s, j, origin, start, end in self._marks:
+                end.synchronize()
+                self.append(StageEvent(s, j, "forward", origin.elapsed_time(start) / 1e3,
+                                       origin.elapsed_time(end) / 1e3))
+            self._marks = []
+
+    def __iter__(self):
+        self._resolve()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._resolve()
+        return super().__len__()
+
+    def __getitem__(self, i):
+        self._resolve()
+        return super().__getitem__(i)

@@ -1,0 +1,13 @@
+"""Where a training loop's time goes (lab 01): ``profile_loop`` and ``python -m gpulab profile``.
+
+- :mod:`~gpulab.profiling.loop`: :func:`profile_loop`, which times data wait, copy and compute per step.
+- :mod:`~gpulab.profiling.result`: :class:`LoopProfile`, what it measured; :mod:`~gpulab.profiling.view`
+  draws it.
+- :mod:`~gpulab.profiling.bottleneck`: the verdicts (data-, copy-, sync- or compute-bound).
+- :mod:`~gpulab.profiling.workloads`: the demo loop the command line profiles.
+"""
+
+from gpulab.profiling.loop import profile_loop
+from gpulab.profiling.result import LoopProfile
+
+__all__ = ["profile_loop", "LoopProfile"]

@@ -1,0 +1,234 @@
+"""``profile_loop``: where does each training step's time go? Data wait, copy, sync, compute.
+
+Run the bundled demo from a shell (``python -m gpulab profile --help`` lists the knobs)::
+
+    python -m gpulab profile                      # a data-bound loop: num_workers=0
+    python -m gpulab profile --workers 2          # the same loop with two workers
+    python -m gpulab profile --sync               # a .item() every step
+
+How the step function relates to the device (the contract students rely on):
+
+1. ``profile_loop`` takes each batch from ``loader`` (host time: **data wait**), moves it to the
+   accelerator with ``accel.copy`` (**copy**; on a GPU ``tensor.to(device, non_blocking=...)``),
+   then calls ``step_fn(batch)`` with the batch already on the device.
+2. ``step_fn`` queues the device work and returns. On a GPU that is any torch code on the device;
+   on every machine ``accel.compute(seconds, inputs)`` queues a known amount of device work (see
+   :mod:`gpulab.accel`). Anything in ``step_fn`` that waits for the device (``loss.item()``,
+   ``print(loss)``, a blocking copy) is a **sync**; the rest of its host time is **host**.
+3. The device's busy intervals come from CUDA events (GPU), from the simulated accelerator's exact
+   bookkeeping (CPU-only machines), or from the host clock (``device="cpu"``: the host *is* the
+   device, nothing overlaps).
+
+The host phases are shares of the wall time (they sum to at most 1); ``busy_fraction`` is the
+device's share. A data-bound loop shows a large ``data`` share with an idle device; a sync-bound
+loop a large ``sync`` share; a compute-bound loop a busy device. The sentence in ``verdict`` is
+derived from those numbers and from the loader's ``num_workers`` and ``os.cpu_count()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from time import perf_counter
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from gpulab.accel import Accelerator, as_accelerator
+from gpulab.profiling.result import LoopProfile
+from gpulab.profiling.workloads import demo_loader, demo_step
+
+__all__ = ["profile_loop", "LoopProfile", "main"]
+
+
+def _loader_workers(loader: Any) -> int | None:
+    """``num_workers`` of a DataLoader, or of a DataLoader wrapped in ``.loader`` (echo, cache)."""
+    for obj in (loader, getattr(loader, "loader", None)):
+        n = getattr(obj, "num_workers", None)
+        if isinstance(n, int):
+            return n
+    return None
+
+
+def _batch_size(batch: Any) -> int | None:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0])
+    return None
+
+
+def _check_steps(loader: Iterable, num_steps: int | None) -> int:
+    try:
+        length = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        length = None
+    if num_steps is None:
+        if length is None:
+            raise ValueError("this loader has no len(); pass num_steps= (how many batches to profile)")
+        return length
+    if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+    if length is not None and num_steps > length:
+        raise ValueError(f"num_steps={num_steps} but the loader gives only {length} batches per pass; "
+                         f"use num_steps<={length}, or epochs= to profile several passes")
+    return num_steps
+
+
+def profile_loop(
+    loader: Iterable,
+    step_fn: Callable[[Any], Any],
+    device: Accelerator | Any = None,
+    num_steps: int | None = None,
+    *,
+    epochs: int = 1,
+    non_blocking: bool = False,
+    warmup_steps: int = 0,
+    disable: bool = False,
+    desc: str = "profile_loop",
+) -> LoopProfile:
+    """Run ``step_fn`` on ``num_steps`` batches per epoch and split every step into phases.
+
+    Args:
+        loader: any iterable of batches (a DataLoader, a generator, a list); re-iterated each epoch.
+        step_fn: called as ``step_fn(batch)`` with the batch already on the device; it queues the
+            device work and returns (see the module docstring for the contract).
+        device: the accelerator ``step_fn`` uses (:func:`gpulab.accel.pick_accelerator`), a
+            ``SimulatedAccelerator``, a ``torch.device`` / string, or None for ``"auto"``.
+        num_steps: batches per epoch (default: ``len(loader)``).
+        epochs: passes over the loader; each pass calls ``iter(loader)`` again, so DataLoader
+            workers start again unless ``persistent_workers=True``.
+        non_blocking: passed to the host-to-device copy (it only overlaps from pinned memory).
+        warmup_steps: leading steps left out of the figures; the device is drained after them, so
+            the window starts with an empty queue (a host that ran ahead leaves no backlog in it).
+        disable: turn the progress bar off.
+        desc: the progress bar's label.
+
+    Returns:
+        A :class:`LoopProfile`.
+
+    Raises:
+        ValueError: for a bad ``num_steps``/``epochs``, or a loader that runs out early.
+        Exception: whatever ``step_fn`` or the loader raised, with a note giving the step number.
+    """
+    accel = as_accelerator(device)
+    num_steps = _check_steps(loader, num_steps)
+    if not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+    total = num_steps * epochs
+    if not 0 <= warmup_steps < total:
+        raise ValueError(f"warmup_steps must be in [0, {total}), got {warmup_steps!r}")
+
+    rows: list[tuple] = []  # per step: t0, t1, t2, t3, waits (3), events (4)
+    batch_size = None
+    accel.begin()
+    bar = tqdm(total=total, desc=desc, disable=disable, leave=False)
+    try:
+        for epoch in range(epochs):
+            it = iter(loader)
+            for i in range(num_steps):
+                step = epoch * num_steps + i
+                w0 = accel.waited()
+                t0 = perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    raise ValueError(f"the loader stopped after {i} batches but num_steps={num_steps}; "
+                                     f"pass num_steps<={i}") from None
+                except Exception as err:
+                    err.add_note(f"profile_loop: the loader raised while fetching batch {i} (step {step}, epoch {epoch})")
+                    raise
+                t1 = perf_counter()
+                w1 = accel.waited()
+                c0 = accel.record()
+                batch = accel.copy(batch, non_blocking=non_blocking)
+                c1 = accel.record()
+                t2 = perf_counter()
+                w2 = accel.waited()
+                try:
+                    step_fn(batch)
+                except Exception as err:
+                    err.add_note(f"profile_loop: step_fn raised at step {step} (epoch {epoch}, batch {i})")
+                    raise
+                s1 = accel.record()
+                t3 = perf_counter()
+                rows.append((t0, t1, t2, t3, w0, w1, w2, accel.waited(), c0, c1, s1))
+                if step + 1 == warmup_steps:
+                    accel.synchronize()  # the window starts with an empty queue, not the warm-up's backlog
+                if batch_size is None:
+                    batch_size = _batch_size(batch)
+                bar.update(1)
+        accel.synchronize()
+        t_end = perf_counter()
+    finally:
+        bar.close()
+    return _build(rows[warmup_steps:], t_end, accel, loader, batch_size, epochs)
+
+
+def _build(rows: list[tuple], t_end: float, accel: Accelerator, loader: Any, batch_size: int | None,
+           epochs: int) -> LoopProfile:
+    t_start = rows[0][0]
+    host = np.array([r[:4] for r in rows]) - t_start
+    n = len(rows)
+    step_s = np.diff(np.append(host[:, 0], t_end - t_start))
+    data_s = host[:, 1] - host[:, 0]
+    copy_host = host[:, 2] - host[:, 1]
+    in_step = host[:, 3] - host[:, 2]
+    copy_s, sync_s, compute_s, step_wait = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    intervals: list[tuple[float, float]] = []
+    exact_waits = accel.waited() is not None
+    for k, (t0, t1, t2, t3, w0, w1, w2, w3, c0, c1, s1) in enumerate(rows):
+        dev_copy = accel.copy_between(c0, c1)
+        copy_s[k] = copy_host[k] if accel.kind == "host" else min(copy_host[k], dev_copy)
+        queue_wait = copy_host[k] - copy_s[k]  # a blocking copy first waits for queued work
+        compute_s[k] = accel.busy_between(c1, s1)
+        d0, d1 = accel.event_time(c1) - t_start, accel.event_time(s1) - t_start
+        if d1 > d0:
+            intervals.append((d0, d1))
+        if accel.kind == "host":
+            wait = 0.0  # the host is the device: step_fn's time is compute, not waiting
+        elif exact_waits:
+            wait = w3 - w2
+        else:  # CUDA: the host waited if it returned just as the device finished the step's work
+            synced = abs((t3 - t_start) - d1) < 1e-3
+            wait = max(0.0, min(t3 - t_start, d1) - max(t2 - t_start, d0)) if synced else 0.0
+        step_wait[k] = min(wait, in_step[k])
+        sync_s[k] = queue_wait + step_wait[k]
+    if accel.kind == "simulated":  # exact intervals: idle gaps inside a step do not count
+        intervals = accel.compute_intervals(t_start, t_end)  # type: ignore[attr-defined]
+    host_s = np.zeros(n) if accel.kind == "host" else in_step - step_wait
+    return LoopProfile(
+        mode=accel.kind, device=accel.name, step_s=step_s, data_s=data_s, copy_s=copy_s, sync_s=sync_s,
+        host_s=host_s, compute_s=compute_s, host_times=host, device_intervals=intervals,
+        wall_s=float(t_end - t_start), num_workers=_loader_workers(loader), batch_size=batch_size, epochs=epochs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpulab profile``: profile the bundled demo loop and print the breakdown."""
+    p = argparse.ArgumentParser(prog="python -m gpulab profile", description=main.__doc__)
+    p.add_argument("--steps", type=int, default=30, help="batches to profile (default 30)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--sample-ms", type=float, default=2.0, help="CPU cost of preparing one sample (ms)")
+    p.add_argument("--compute-ms", type=float, default=12.0, help="device work per step (ms)")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
+    p.add_argument("--sync", action="store_true", help="call loss.item() every step (a host-device sync)")
+    p.add_argument("--device", default="auto", help="auto | sim | cpu | cuda | cuda:i")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--plot", metavar="PNG", help="save the timeline plot to this file")
+    args = p.parse_args(argv)
+
+    accel = as_accelerator(args.device)
+    loader = demo_loader(num_batches=args.steps, batch_size=args.batch_size, sample_cost_s=args.sample_ms / 1e3,
+                         num_workers=args.workers)
+    step_fn = demo_step(accel, compute_s=args.compute_ms / 1e3, sync=args.sync)
+    prof = profile_loop(loader, step_fn, accel, args.steps, disable=args.json)
+    print(json.dumps(prof.to_dict()) if args.json else prof.summary())
+    if args.plot:
+        prof.plot().savefig(args.plot, dpi=100)
+        if not args.json:
+            print(f"plot saved to {args.plot}")
+    return 0
