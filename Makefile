@@ -14,9 +14,13 @@ export PATH := $(VENV)/bin:$(PATH)
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.gpulab-setup
 PYTHON  ?= $(shell command -v python3.11 || command -v python3)
-TORCH_VERSION := 2.13.0
-# GPU users: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
-TORCH_INDEX ?=
+# torch's exact version is pinned once, in constraints.txt. It comes from TORCH_INDEX: the CPU build
+# by default (a plain `pip install torch` on Linux pulls the CUDA build and gigabytes of nvidia
+# wheels). GPU users: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# (changing the index reinstalls torch from the new one).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+PYPI_INDEX  ?= https://pypi.org/simple
+TORCH_STAMP := $(VENV)/.torch-from-$(shell printf '%s' '$(TORCH_INDEX)' | cksum | cut -d' ' -f1)
 COURSE  := $(CURDIR)/notebooks
 WORK    ?= $(CURDIR)/work
 LAB     ?=
@@ -32,20 +36,33 @@ REGEXP  ?=
 PORT    ?= 8888
 PYTEST_ARGS ?=
 
-.PHONY: help setup lab test test-fast release check grade feedback collect bench doctor clean
+.PHONY: help setup lab test test-fast lint release check grade feedback collect bench doctor clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 setup: $(STAMP)  ## create .venv/ and install everything (quick when already done)
 
-$(STAMP): pyproject.toml
-	@if [ ! -x "$(PY)" ]; then echo "creating $(VENV) with $(PYTHON)"; "$(PYTHON)" -m venv "$(VENV)"; fi
-	@"$(PY)" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpulab needs Python >= 3.11; run: make setup PYTHON=python3.11")'
-	"$(PY)" -m pip install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	"$(PY)" -m pip install --quiet -e .
+$(PY):
+	@echo "creating $(VENV) with $(PYTHON)"
+	"$(PYTHON)" -m venv "$(VENV)"
+	@"$(PY)" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpulab needs Python >= 3.11; run: rm -rf .venv && make setup PYTHON=python3.11")'
+
+# torch alone first, from TORCH_INDEX (PyPI stays reachable for its dependencies). A stamp per
+# index: after `make setup TORCH_INDEX=<another>` the old stamp is gone and torch is reinstalled.
+$(TORCH_STAMP): constraints.txt | $(PY)
+	@if ls "$(VENV)"/.torch-from-* >/dev/null 2>&1; then force="--force-reinstall --no-deps"; \
+	  echo "reinstalling torch from $(TORCH_INDEX) (the index or the pinned version changed)"; else force=""; fi; \
+	"$(PY)" -m pip install --quiet -c constraints.txt torch $$force \
+		--index-url "$(TORCH_INDEX)" --extra-index-url "$(PYPI_INDEX)"
+	@rm -f "$(VENV)"/.torch-from-*
 	@touch "$@"
-	@echo "environment ready: $(VENV)"
+
+$(STAMP): pyproject.toml constraints.txt $(TORCH_STAMP)
+	"$(PY)" -m pip install --quiet -c constraints.txt -e ".[course,test]"
+	@"$(PY)" -c 'import torch; b = torch.version.cuda; print("torch", torch.__version__, "(CUDA " + b + ")" if b else "(CPU build)")'
+	@touch "$@"
+	@echo "environment ready: $(VENV) ($$(du -sh "$(VENV)" | cut -f1) on disk)"
 
 lab: setup release  ## release the labs, copy new ones into work/, start JupyterLab
 	"$(PY)" -m gpulab.course copy-work --course "$(COURSE)" --work "$(WORK)"
@@ -57,6 +74,9 @@ test: setup  ## run the whole test suite
 
 test-fast: setup  ## the unit tests only (no notebook pipeline)
 	"$(PY)" -m pytest -m "not notebook" $(PYTEST_ARGS)
+
+lint: setup  ## ruff over the package, tests, benchmarks and tools (config in pyproject.toml)
+	"$(PY)" -m ruff check gpulab tests benchmarks tools
 
 release: setup  ## nbgrader generate_assignment for every lab (notebooks/release)
 	"$(PY)" -m gpulab.course release --course "$(COURSE)" $(if $(LAB),--lab $(LAB))
