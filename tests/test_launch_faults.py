@@ -125,6 +125,7 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and `sleep` as on Linux")
 def test_nothing_outlives_a_caller_killed_with_sigkill(tmp_path):
     caller = subprocess.Popen([sys.executable, "-c", CALLER, str(tmp_path)])
     try:

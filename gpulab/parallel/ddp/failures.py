@@ -48,7 +48,11 @@ def peer_lost(err: BaseException) -> bool:
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, DistError) or any(m in str(err) for m in PEER_LOST_MARKERS):
+        try:
+            text = str(err)
+        except Exception:  # noqa: BLE001 - a broken __str__ must not stop the rank from reporting
+            text = ""
+        if isinstance(err, DistError) or any(m in text for m in PEER_LOST_MARKERS):
             return True
         err = err.__cause__ or err.__context__
     return False
