@@ -4,7 +4,8 @@ The parent (``launch.py``) picks the port, starts the ranks and supervises them;
 half: in the child process it
 
 1. makes the rank the leader of its own process group, so the parent can stop it together with
-   any DataLoader workers it started (``os.killpg``), and asks Linux to kill it if the parent dies;
+   any DataLoader workers or subprocesses it started (``os.killpg``), and asks Linux to kill it if
+   the parent dies (its group then goes too: see ``_watchdog.py``);
 2. sends everything the rank prints (Python and C++ alike: fd 1 and 2) to a log file that the
    parent echoes with a ``[rank r]`` prefix, and arms ``faulthandler`` so the parent can ask a
    hung rank where it is stuck (SIGUSR1);
@@ -12,7 +13,9 @@ half: in the child process it
    ``MASTER_ADDR``, ``MASTER_PORT``, ``OMP_NUM_THREADS``) and the rank's intra-op threads;
 4. joins the process group through a TCPStore that rank 0 hosts on the chosen port (rank 0 reports
    ``PortInUse`` if another process has it, and the parent retries on another port), runs ``fn(rank, world_size, *args)``
-   and writes either the return value or the traceback to a file the parent reads.
+   and writes either the return value or the traceback to a file the parent reads. An error
+   record keeps the exception's class (by reference, for ``except ValueError`` in the caller) and
+   whether the error came from a vanished peer (so the parent blames the cause: ``failures.py``).
 
 Files rather than pipes or queues carry the results back: a queue holding a large result blocks
 the child until the parent reads it, and the parent only reads once the child has exited.
@@ -33,6 +36,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+from gpulab.parallel.ddp import failures
+
 HOST = "127.0.0.1"
 
 
@@ -48,6 +53,7 @@ class RankConfig:
     workdir: str
     parent_pid: int
     launch_id: str  # keys in the store are prefixed with it: a rank that reached the wrong store waits harmlessly
+    watchdog_fd: int | None = None  # forked ranks inherit the watchdog's pipe and must close it (else no EOF)
 
 
 def log_path(workdir: str | Path, rank: int) -> Path:
@@ -66,7 +72,12 @@ def result_path(workdir: str | Path, rank: int) -> Path:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Linux only: SIGKILL this rank if the parent process dies (a restarted kernel, kill -9)."""
+    """Linux only: SIGKILL this rank if the parent process dies (a restarted kernel, kill -9).
+
+    The kernel delivers it even to a rank stuck in C++ (a collective), which a Python-level handler
+    could not promise. It does not reach what the rank starts (a fork clears the setting): the
+    watchdog kills the rank's process group for those.
+    """
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -133,6 +144,13 @@ def rank_main(fn: Callable[..., Any], rank: int, args: tuple, cfg: RankConfig) -
         os.setpgid(0, 0)
     except OSError:  # not permitted (rare); the parent then stops only the rank itself
         pass
+    if cfg.watchdog_fd is not None:
+        # Only the caller may hold the watchdog pipe's write end: its death must be the EOF. Replaced by
+        # /dev/null rather than closed, because the fork copied the caller's file object that owns this
+        # fd number, and a later open() must not get a number that object may close.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, cfg.watchdog_fd, inheritable=False)
+        os.close(devnull)
     _die_with_parent(cfg.parent_pid)
     log, stacks = _capture_output(cfg.workdir, rank)
     _set_env(rank, cfg)
@@ -159,10 +177,11 @@ def rank_main(fn: Callable[..., Any], rank: int, args: tuple, cfg: RankConfig) -
             raise TypeError(f"rank {rank} returned a {type(value).__name__} that cannot be sent back to "
                             f"the caller ({err}); return tensors, numbers, lists or dicts instead") from err
     except BaseException as err:  # noqa: BLE001 - everything is reported to the parent
+        when = time.time()  # one clock for every rank's records: the machine's
         failed = True
         _write(result_path(cfg.workdir, rank), {
-            "ok": False, "type": type(err).__name__, "message": str(err),
-            "traceback": traceback.format_exc(), "time": time.time()})
+            "ok": False, "type": type(err).__name__, "class": failures.class_blob(type(err)), "message": str(err),
+            "traceback": traceback.format_exc(), "time": when, "peer_lost": failures.peer_lost(err)})
     finally:
         log.flush()
         stacks.flush()

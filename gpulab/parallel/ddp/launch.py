@@ -23,9 +23,11 @@ survive it. :func:`launch` therefore
 Rank 0 hosts the rendezvous (a ``TCPStore`` on 127.0.0.1 and a free port; if another process
 takes the port first, the ranks are stopped and started again on another one). The parent echoes each rank's output with a ``[rank r]`` prefix, and supervises: when a rank
 fails, the others are stopped at once and :class:`RankFailedError` carries the failing rank's
-traceback; when ``timeout`` passes (a hung collective), every rank is stopped and
-:class:`LaunchTimeoutError` says where each one was waiting. No rank process (nor a DataLoader
-worker it started) outlives :func:`launch`.
+traceback and exception type (``except ValueError`` works; the rank blamed is the cause, not a
+rank whose collective failed because its peer vanished: see ``failures.py``); when ``timeout``
+passes (a hung collective), every rank is stopped and :class:`LaunchTimeoutError` says where each
+one was waiting. No rank process (nor a DataLoader worker or subprocess it started) outlives
+:func:`launch`, nor its caller, even one killed with SIGKILL (see ``_watchdog.py``).
 
 Example (in a notebook cell)::
 
@@ -52,7 +54,16 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gpulab.parallel.ddp import _worker, startup
+from gpulab.parallel.ddp._watchdog import Watchdog
 from gpulab.parallel.ddp._worker import RankConfig
+from gpulab.parallel.ddp.failures import (
+    LaunchTimeoutError,
+    RankFailedError,
+    blame,
+    class_from_blob,
+    rank_failed_error,
+    summary,
+)
 from gpulab.parallel.ddp.startup import (
     PORT_ATTEMPTS,
     _choose_start_method,
@@ -63,35 +74,6 @@ from gpulab.parallel.ddp.startup import (
 __all__ = ["launch", "RankFailedError", "LaunchTimeoutError"]
 
 _FAILURE_GRACE_S = 1.0  # after a first failure, how long the other ranks get to report their own
-
-
-class RankFailedError(RuntimeError):
-    """A rank raised (or died). ``rank``, ``exc_type`` and ``remote_traceback`` say which and why."""
-
-    def __init__(self, rank: int, world_size: int, exc_type: str, message: str, remote_traceback: str,
-                 others: Sequence[str] = ()):
-        self.rank, self.world_size, self.exc_type = rank, world_size, exc_type
-        self.remote_traceback = remote_traceback
-        text = f"rank {rank} of {world_size} failed with {exc_type}: {message}"
-        if "Cannot re-initialize CUDA in forked subprocess" in remote_traceback:
-            text += ("\n  Hint: this rank used CUDA but was forked; pass start_method='spawn' (fn must then live "
-                     "in a .py file), or use backend='nccl'/'auto' so launch() picks the start method")
-        if others:
-            text += "\n  (then: " + "; ".join(others) + ")"
-        super().__init__(f"{text}\n\n--- traceback from rank {rank} ---\n{remote_traceback.rstrip()}")
-
-
-class LaunchTimeoutError(TimeoutError):
-    """Ranks were still running when the timeout passed; ``stacks`` maps rank -> where it waited."""
-
-    def __init__(self, ranks: list[int], world_size: int, timeout: float, stacks: dict[int, str]):
-        self.ranks, self.stacks = ranks, stacks
-        where = "".join(f"\n--- rank {r} was at ---\n{stacks.get(r, '(no stack dumped)').rstrip()}" for r in ranks)
-        super().__init__(
-            f"ranks {ranks} of {world_size} were still running after timeout={timeout:g}s and were stopped. "
-            "A collective (all_reduce, barrier, broadcast...) waits until every rank calls it, so a rank "
-            "that skips one, or calls them in another order, hangs the others: check that all ranks run "
-            "the same collectives in the same order (or raise timeout= if the work is just long)." + where)
 
 
 def _kill_group(pid: int) -> None:
@@ -132,14 +114,15 @@ class _Echo:
                 print(f"[rank {r}] {line}", flush=True)
 
 
-def _read_record(workdir: str, rank: int, exitcode: int | None) -> dict[str, Any]:
+def _read_record(workdir: str, rank: int, exitcode: int | None, seen_at: float) -> dict[str, Any]:
+    """The rank's own record, or one written for it: it died at ``seen_at`` at the latest."""
     path = _worker.result_path(workdir, rank)
     if path.exists():
         # map_location: a CUDA tensor returned by a rank must not initialise CUDA here (fork rule).
         return torch.load(path, map_location="cpu", weights_only=False)
     how = (f"killed by {signal.Signals(-exitcode).name}" if exitcode and exitcode < 0
            else f"exit code {exitcode}")
-    return {"ok": False, "type": "ProcessDied", "time": time.time(),
+    return {"ok": False, "type": "ProcessDied", "time": seen_at, "peer_lost": False,
             "message": f"the process ended ({how}) without reporting (out of memory? a crash in C++? os._exit?)",
             "traceback": "(no Python traceback: see this rank's output above)"}
 
@@ -180,7 +163,9 @@ def launch(
     Raises:
         ValueError: bad ``world_size``/``timeout``/``backend``, nccl without a GPU per rank, or a
             ``fn`` that cannot be sent to the ranks (the message says how to fix each).
-        RankFailedError: a rank raised or died; its traceback is in the message.
+        RankFailedError: a rank raised or died; its traceback is in the message. It is also an
+            instance of the rank's exception type where that can be subclassed (``except
+            ValueError`` catches a ValueError raised in a rank); ``exc_class`` holds that type.
         LaunchTimeoutError: ranks were still running after ``timeout`` seconds (a hung collective).
 
     Warning:
@@ -223,7 +208,11 @@ def _run(fn: Callable[..., Any], args: tuple, world_size: int, backend: str, met
     """One attempt: start the ranks on ``port``, supervise them, clean up whatever happens."""
     ctx = multiprocessing.get_context(method)
     with tempfile.TemporaryDirectory(prefix="gpulab-launch-") as workdir:
-        cfg = RankConfig(world_size, backend, port, float(timeout), threads, workdir, os.getpid(), uuid.uuid4().hex)
+        # Ranks go when the caller goes, and so does everything they start: PDEATHSIG kills each rank
+        # (see _worker), the watchdog kills each rank's process group (see _watchdog for why both).
+        watchdog = Watchdog()
+        cfg = RankConfig(world_size, backend, port, float(timeout), threads, workdir, os.getpid(), uuid.uuid4().hex,
+                         watchdog.fd if method == "fork" else None)  # a spawned rank has no copy to close
         procs: dict[int, Any] = {}
         echo_out = _Echo(workdir, world_size, echo)
         try:
@@ -236,12 +225,14 @@ def _run(fn: Callable[..., Any], args: tuple, world_size: int, backend: str, met
                 except (OSError, AttributeError):
                     pass
                 procs[rank] = p
+                watchdog.watch(p.pid)
             return _supervise(procs, workdir, world_size, timeout, deadline, echo_out)
         finally:
             for p in procs.values():
                 if p.exitcode is None:
                     _kill_group(p.pid)
                 p.join()
+            watchdog.close()
             echo_out.poll(final=True)
 
 
@@ -258,12 +249,13 @@ def _supervise(procs: dict[int, Any], workdir: str, world_size: int, timeout: fl
         if now >= deadline:
             raise LaunchTimeoutError(sorted(pending), world_size, timeout, _dump_stacks(procs, pending, workdir))
         ready = multiprocessing.connection.wait([procs[r].sentinel for r in pending], timeout=min(0.1, deadline - now))
+        seen_at = time.time()  # a rank that dies without reporting died before this
         echo_out.poll()
         for rank in [r for r in pending if procs[r].sentinel in ready]:
             _kill_group(procs[rank].pid)  # stray grandchildren; the exited rank is a zombie until joined
             procs[rank].join()
             pending.discard(rank)
-            record = _read_record(workdir, rank, procs[rank].exitcode)
+            record = _read_record(workdir, rank, procs[rank].exitcode, seen_at)
             if record["ok"]:
                 results[rank] = record["value"]
             else:
@@ -272,13 +264,13 @@ def _supervise(procs: dict[int, Any], workdir: str, world_size: int, timeout: fl
                 if record["type"] == "PortInUse":
                     pending.clear()  # nothing ran yet: stop everyone now and retry on another port
     if failures:
-        failures.sort(key=lambda f: f[1]["time"])  # the first to fail is the cause; the rest follow it
+        failures = blame(failures)  # the cause first (by cause, then by time); the rest follow from it
         rank, rec = failures[0]
         if rec["type"] == "PortInUse":
             raise _PortTaken(rec["message"])
-        others = [f"rank {r} {o['type']}: {(o['message'] or '').splitlines()[0][:160] if o['message'] else ''}"
-                  for r, o in failures[1:]]
-        raise RankFailedError(rank, world_size, rec["type"], rec["message"], rec["traceback"], others)
+        others = [f"rank {r} {o['type']}: {summary(o['message'])}" for r, o in failures[1:]]
+        raise rank_failed_error(rank, world_size, rec["type"], rec["message"], rec["traceback"], others,
+                                class_from_blob(rec.get("class")))
     return [results[r] for r in range(world_size)]
 
 

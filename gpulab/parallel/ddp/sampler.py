@@ -18,11 +18,18 @@ Two traps the lab measures:
   and 1 are seen twice. Harmless noise in training, but a metric averaged over the ranks then
   counts them twice. :class:`UnpaddedDistributedSampler` gives uneven shards with every sample
   exactly once, for evaluation.
+
+Two guards, as torch has: ``rank``/``num_replicas`` may be any integer that ``operator.index``
+accepts (a numpy integer, a one-element integer tensor), never a bool or a float; and iterating
+after the dataset changed size raises, since shards computed for the old size would give ranks
+different numbers of indices (and DDP then hangs: a rank with fewer batches stops calling the
+all-reduce that the others wait in).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Callable, Iterator, Sequence, Sized
 
 import torch
@@ -31,8 +38,23 @@ from torch.utils.data import Sampler
 __all__ = ["DistributedSampler", "UnpaddedDistributedSampler", "epoch_orders", "distributed_accuracy"]
 
 
-def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    """Fill in ``num_replicas``/``rank`` from the process group, checking both."""
+def _as_int(value: Any, name: str) -> int:
+    """``value`` as a plain int, if ``operator.index`` takes it (numpy ints, one-element int tensors).
+
+    Bools are refused although ``operator.index(True)`` is 1: ``rank=True`` is a bug, not rank 1.
+    """
+    dtype = getattr(value, "dtype", None)  # numpy's bool_ and torch's bool tensors are bools too
+    if isinstance(value, bool) or dtype is torch.bool or str(dtype) == "bool":
+        raise TypeError(f"{name} must be an integer, got the bool {value!r}; pass the number itself")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer (an int, a numpy integer or a one-element integer tensor), "
+                        f"got {type(value).__name__} {value!r}; if it is a whole number, pass int(...) of it") from None
+
+
+def _world(num_replicas: Any, rank: Any) -> tuple[int, int]:
+    """Fill in ``num_replicas``/``rank`` from the process group, checking both (plain ints back)."""
     if num_replicas is None or rank is None:
         import torch.distributed as dist
 
@@ -42,9 +64,10 @@ def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
                                "(gpulab.parallel.ddp.launch does that for you)")
         num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
         rank = dist.get_rank() if rank is None else rank
-    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
+    num_replicas, rank = _as_int(num_replicas, "num_replicas"), _as_int(rank, "rank")
+    if num_replicas < 1:
         raise ValueError(f"num_replicas must be an int >= 1 (the world size), got {num_replicas!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
+    if not 0 <= rank < num_replicas:
         raise ValueError(f"rank={rank!r} is invalid: it must be in [0, {num_replicas - 1}] for num_replicas={num_replicas}")
     return num_replicas, rank
 
@@ -61,13 +84,23 @@ class DistributedSampler(Sampler[int]):
         drop_last: drop the tail so shards divide evenly, instead of padding with repeats.
 
     Raises:
+        TypeError: ``num_replicas`` or ``rank`` is not an integer (a bool, a float); numpy integers
+            and one-element integer tensors are accepted, as ``operator.index`` accepts them.
         ValueError: ``num_replicas < 1`` or ``rank`` outside ``[0, num_replicas)``.
-        RuntimeError: ``num_replicas``/``rank`` omitted without a process group.
+        RuntimeError: ``num_replicas``/``rank`` omitted without a process group; or, when
+            iterating, the dataset changed size since the sampler was built.
 
     Warning:
         Call :meth:`set_epoch` at the start of every epoch, before iterating. Without it every
         epoch yields the same order. Also give the DataLoader ``shuffle=False`` (the default):
         ``sampler=`` and ``shuffle=True`` together raise, since the sampler already shuffles.
+
+    Warning:
+        Build the sampler again (on every rank) after the dataset grows or shrinks: iterating
+        raises otherwise. torch raises only where it cannot cut shards of the old size (a shrink
+        below them with ``drop_last``, most growths with padding); this one raises on every
+        change, because in the other cases the old sizes silently repeat samples (a shrink,
+        padded) or skip the new ones (a growth), and a rank that rebuilt its sampler disagrees.
     """
 
     def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
@@ -76,7 +109,7 @@ class DistributedSampler(Sampler[int]):
         self.num_replicas, self.rank = _world(num_replicas, rank)
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
-        n = len(dataset)
+        n = self._dataset_len = len(dataset)  # the shard sizes below hold for this length only
         if drop_last and n % self.num_replicas:
             # largest multiple of num_replicas below n, per rank; ceil of a value in (-1, 0] is 0
             self.num_samples = math.ceil((n - self.num_replicas) / self.num_replicas)
@@ -87,6 +120,11 @@ class DistributedSampler(Sampler[int]):
     def global_order(self) -> list[int]:
         """The padded (or truncated) index list of all ranks for this epoch, before striding."""
         n = len(self.dataset)
+        if n != self._dataset_len:
+            raise RuntimeError(
+                f"the dataset has {n} samples now but this {type(self).__name__} was built for "
+                f"{self._dataset_len}: its shards no longer fit, and ranks that disagree on their number of "
+                "batches hang DDP. Build the sampler again (on every rank) after changing the dataset.")
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)  # same seed on every rank -> same permutation
@@ -109,7 +147,7 @@ class DistributedSampler(Sampler[int]):
     @property
     def num_padded(self) -> int:
         """How many indices are repeats added to make the shards even (0 with ``drop_last``)."""
-        return 0 if self.drop_last else self.total_size - len(self.dataset)
+        return 0 if self.drop_last else self.total_size - self._dataset_len
 
     def set_epoch(self, epoch: int) -> None:
         """Use the permutation of ``seed + epoch`` from now on (call it every epoch)."""
@@ -127,7 +165,7 @@ class UnpaddedDistributedSampler(DistributedSampler):
     def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
                  shuffle: bool = False, seed: int = 0) -> None:
         super().__init__(dataset, num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=False)
-        n = len(dataset)
+        n = self._dataset_len
         self.num_samples = len(range(self.rank, n, self.num_replicas))
         self.total_size = n
 
