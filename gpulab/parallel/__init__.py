@@ -57,3 +57,8 @@ from gpulab.parallel.pipeline_timing import intra_op_threads  # noqa: E402
 
 __all__ += ["SplitModel", "split_model", "PipelinedModel", "intra_op_threads", "StageEvent", "bubble_fraction",
             "measured_bubble", "plot_timeline", "batchnorm_to_groupnorm"]
+
+# lab 09: sharded data parallelism (ZeRO-1); state_bytes, accumulation and sharding_runs are imported from their modules
+from gpulab.parallel.sharded import ShardedOptimizer  # noqa: E402
+
+__all__ += ["ShardedOptimizer"]

@@ -115,10 +115,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], optimizer_cls: Callable[..., torch.optim.Optimizer], *,
                  process_group: Any = None, bucketed: bool = True, **kwargs: Any) -> None:
+        _check_optimizer_cls(optimizer_cls)
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("ShardedOptimizer needs an initialised process group: create it inside a rank started by "
                                "gpulab.parallel.launch (or torchrun + torch.distributed.init_process_group)")
-        _check_optimizer_cls(optimizer_cls)
         self.optimizer_cls, self.group, self.bucketed = optimizer_cls, process_group, bucketed
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
@@ -220,7 +220,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             (state numbered in ``param_groups`` order, tensors on the CPU), on every rank.
         """
         index = self._index()
-        mine = {index[p]: {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        mine = {index[p]: {k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in s.items()}
                 for p, s in self.local_optimizer.state.items()}
         everyone: list[Any] = [None] * self.world_size
         dist.all_gather_object(everyone, mine, group=self.group)  # pickled: naive, fine for a checkpoint
@@ -259,8 +259,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for saved_id, p in zip(saved["params"], full["params"]):
                 if self.owner[p] != self.rank:
                     continue
-                if saved_id in state_dict["state"]:
-                    local_state[n] = state_dict["state"][saved_id]
+                if saved_id in state_dict["state"]:  # copied: training on must not change the caller's dict
+                    local_state[n] = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                                      for k, v in state_dict["state"][saved_id].items()}
                 ids.append(n)
                 n += 1
             local_groups.append({**{k: v for k, v in saved.items() if k != "params"}, "params": ids})
