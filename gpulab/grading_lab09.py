@@ -146,7 +146,7 @@ def check_zero1(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str
                       [r["reference"]["state_bytes"] for r in per_rank], optimizer_state_bytes(one))
 
 
-def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_steps, sizes, forbidden):
+def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_steps, warmup, sizes, forbidden):
     device = rank_device(rank)
     inputs, targets = (t.chunk(world_size)[rank].to(device) for t in _data(sizes[0], sizes[-1]))
     micro = list(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))  # k micro-batches
@@ -158,12 +158,15 @@ def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_s
             p.numel() * p.element_size() for p in module.parameters()) / 3 / 2**20)  # about 3 buckets
         per_sync = model.num_buckets if wrapper == "bucketed" else len(list(module.parameters()))
         opt = torch.optim.SGD(module.parameters(), lr=0.2, momentum=0.9)
+        banned = forbidden if name != "reference" else ()
+        for _ in range(warmup):  # untimed, uncounted: gloo's first calls set up their buffers
+            _call(fn, model, opt, micro, nn.functional.cross_entropy, forbidden=banned)
         times = []
         with count_collectives() as calls:
             for _ in range(num_steps):
                 torch.distributed.barrier()
                 t0 = time.perf_counter()
-                _call(fn, model, opt, micro, nn.functional.cross_entropy, forbidden=forbidden if name != "reference" else ())
+                _call(fn, model, opt, micro, nn.functional.cross_entropy, forbidden=banned)
                 times.append(time.perf_counter() - t0)
         out[name] = {"all_reduce_per_step": calls["all_reduce"] / num_steps, "per_sync": per_sync, "step_s": times,
                      "params": {n: p.detach().cpu() for n, p in module.named_parameters()}}
@@ -171,12 +174,13 @@ def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_s
 
 
 def run_accumulation(step_fns: Sequence[tuple[str, Callable]], world_size: int = 2, *, wrapper: str = "naive",
-                     micro_batches: int = 3, num_steps: int = 2, sizes: Sequence[int] = (8, 32, 32, 8),
+                     micro_batches: int = 3, num_steps: int = 2, warmup: int = 0, sizes: Sequence[int] = (8, 32, 32, 8),
                      forbidden: Sequence[Any] = (), timeout: float = 90) -> dict[str, dict[str, Any]]:
     """Run each named accumulation step ``num_steps`` times on ``world_size`` ranks (one launch).
 
     Each rank splits its half (third...) of a 24-sample batch into ``micro_batches``. The name
-    ``"reference"`` runs without the ``forbidden`` check.
+    ``"reference"`` runs without the ``forbidden`` check. ``warmup`` steps come first, neither timed
+    nor counted (one process takes them too).
 
     Returns:
         Per name: ``all_reduce_per_step`` (calls, counted), ``per_sync`` (calls one full
@@ -186,13 +190,13 @@ def run_accumulation(step_fns: Sequence[tuple[str, Callable]], world_size: int =
     """
     if wrapper not in ("naive", "bucketed"):
         raise ValueError(f"wrapper must be 'naive' or 'bucketed', got {wrapper!r}")
-    per_rank = launch(_accumulation_rank, world_size, args=(list(step_fns), wrapper, micro_batches, num_steps,
+    per_rank = launch(_accumulation_rank, world_size, args=(list(step_fns), wrapper, micro_batches, num_steps, warmup,
                                                            tuple(sizes), tuple(forbidden)), timeout=timeout, echo=False)
     torch.manual_seed(0)
     ref = MLP(sizes)
     opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.9)
     inputs, targets = _data(sizes[0], sizes[-1])
-    for _ in range(num_steps):
+    for _ in range(warmup + num_steps):
         nn.functional.cross_entropy(ref(inputs), targets).backward()
         opt.step()
         opt.zero_grad()

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["accumulation_step", "count_collectives", "COUNTED"]
+__all__ = ["accumulation_step", "count_collectives", "torch_ddp_allreduce_calls", "COUNTED"]
 
 COUNTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
 
@@ -104,3 +104,26 @@ class count_collectives:  # noqa: N801 - used like a function: `with count_colle
         for name, original in self._saved.items():
             setattr(dist, name, original)
         self._saved.clear()
+
+
+def torch_ddp_allreduce_calls(rank: int, world_size: int, micro_batches: int = 4) -> dict[str, int]:
+    """Rank body: all-reduces torch DDP makes for one accumulated step, as ``torch.profiler`` records them.
+
+    torch DDP's reducer runs in C++, out of :class:`count_collectives`' reach; the profiler sees its
+    ``c10d::allreduce_`` calls. Returns ``{"no_sync": calls, "every_micro_batch": calls}``.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)))
+    inputs = torch.randn(micro_batches, 8, 16)  # (k, B, features): k micro-batches
+    out = {}
+    for name, use_no_sync in (("no_sync", True), ("every_micro_batch", False)):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i, x in enumerate(inputs):
+                skip = use_no_sync and i < micro_batches - 1
+                with model.no_sync() if skip else contextlib.nullcontext():
+                    model(x).square().mean().backward()
+        out[name] = sum(1 for e in prof.events() if e.name.startswith("c10d::allreduce"))
+        model.zero_grad()
+    return out
