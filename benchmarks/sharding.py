@@ -60,7 +60,7 @@ def main() -> None:
                                   timeout=600, echo=False))
     acc = run_accumulation([("no_sync", accumulation_step), ("every_micro_batch", every_micro_batch)], n,
                            wrapper="naive", micro_batches=MICRO_BATCHES, num_steps=6, warmup=1,
-                           sizes=(64, 512, 512, 512, 8))
+                           sizes=(64, 512, 512, 512, 8), num_samples=8 * n * MICRO_BATCHES)
     ddp = s["ddp"]
     state_ratio = s["zero1"]["max_bytes"]["optimizer_state"] / ddp["max_bytes"]["optimizer_state"]
     nosync_ratio = acc["no_sync"]["all_reduce_per_step"] / acc["every_micro_batch"]["all_reduce_per_step"]

@@ -70,9 +70,9 @@ def _model(name: str) -> nn.Module:
     return MLP([8, 32, 24, 8])  # uneven tensor sizes: 256, 32, 768, 24, 192, 8 elements
 
 
-def _data(features: int = 8, classes: int = 8, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def _data(features: int = 8, classes: int = 8, seed: int = 1, num_samples: int = NUM_SAMPLES) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(NUM_SAMPLES, features, generator=g), torch.randint(0, classes, (NUM_SAMPLES,), generator=g)
+    return torch.randn(num_samples, features, generator=g), torch.randint(0, classes, (num_samples,), generator=g)
 
 
 def _call(fn: Callable, *args: Any, forbidden: Sequence[Any] = (), **kwargs: Any) -> Any:
@@ -146,11 +146,12 @@ def check_zero1(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str
                       [r["reference"]["state_bytes"] for r in per_rank], optimizer_state_bytes(one))
 
 
-def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_steps, warmup, sizes, forbidden):
+def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_steps, warmup, sizes, num_samples,
+                       forbidden):
     device = rank_device(rank)
-    inputs, targets = (t.chunk(world_size)[rank].to(device) for t in _data(sizes[0], sizes[-1]))
+    inputs, targets = (t.chunk(world_size)[rank].to(device) for t in _data(sizes[0], sizes[-1], num_samples=num_samples))
     micro = list(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))  # k micro-batches
-    out = {}
+    runs = []
     for name, fn in step_fns:
         torch.manual_seed(0)
         module = MLP(sizes).to(device)
@@ -158,27 +159,31 @@ def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_s
             p.numel() * p.element_size() for p in module.parameters()) / 3 / 2**20)  # about 3 buckets
         per_sync = model.num_buckets if wrapper == "bucketed" else len(list(module.parameters()))
         opt = torch.optim.SGD(module.parameters(), lr=0.2, momentum=0.9)
-        banned = forbidden if name != "reference" else ()
-        for _ in range(warmup):  # untimed, uncounted: gloo's first calls set up their buffers
-            _call(fn, model, opt, micro, nn.functional.cross_entropy, forbidden=banned)
-        times = []
-        with count_collectives() as calls:
-            for _ in range(num_steps):
-                torch.distributed.barrier()
-                t0 = time.perf_counter()
-                _call(fn, model, opt, micro, nn.functional.cross_entropy, forbidden=banned)
-                times.append(time.perf_counter() - t0)
-        out[name] = {"all_reduce_per_step": calls["all_reduce"] / num_steps, "per_sync": per_sync, "step_s": times,
-                     "params": {n: p.detach().cpu() for n, p in module.named_parameters()}}
-    return out
+        runs.append({"name": name, "fn": fn, "model": model, "opt": opt, "per_sync": per_sync, "calls": 0, "times": [],
+                     "banned": forbidden if name != "reference" else ()})
+    for step in range(warmup + num_steps):
+        for run in runs:  # interleaved, so machine load hits every variant alike
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            with count_collectives() as calls:
+                _call(run["fn"], run["model"], run["opt"], micro, nn.functional.cross_entropy, forbidden=run["banned"])
+            if step >= warmup:  # the first steps set up gloo's buffers: neither timed nor counted
+                run["times"].append(time.perf_counter() - t0)
+                run["calls"] += calls["all_reduce"]
+    return {run["name"]: {"all_reduce_per_step": run["calls"] / num_steps, "per_sync": run["per_sync"],
+                          "step_s": run["times"],
+                          "params": {n: p.detach().cpu() for n, p in run["model"].module.named_parameters()}}
+            for run in runs}
 
 
 def run_accumulation(step_fns: Sequence[tuple[str, Callable]], world_size: int = 2, *, wrapper: str = "naive",
                      micro_batches: int = 3, num_steps: int = 2, warmup: int = 0, sizes: Sequence[int] = (8, 32, 32, 8),
-                     forbidden: Sequence[Any] = (), timeout: float = 90) -> dict[str, dict[str, Any]]:
+                     num_samples: int = NUM_SAMPLES, forbidden: Sequence[Any] = (),
+                     timeout: float = 90) -> dict[str, dict[str, Any]]:
     """Run each named accumulation step ``num_steps`` times on ``world_size`` ranks (one launch).
 
-    Each rank splits its half (third...) of a 24-sample batch into ``micro_batches``. The name
+    Each rank splits its half (third...) of a ``num_samples`` batch into ``micro_batches``; the
+    variants take their steps interleaved. The name
     ``"reference"`` runs without the ``forbidden`` check. ``warmup`` steps come first, neither timed
     nor counted (one process takes them too).
 
@@ -190,12 +195,16 @@ def run_accumulation(step_fns: Sequence[tuple[str, Callable]], world_size: int =
     """
     if wrapper not in ("naive", "bucketed"):
         raise ValueError(f"wrapper must be 'naive' or 'bucketed', got {wrapper!r}")
+    if num_samples % (world_size * micro_batches):
+        raise ValueError(f"num_samples={num_samples} must be divisible by world_size x micro_batches = "
+                         f"{world_size * micro_batches}, so every micro-batch has the same size")
     per_rank = launch(_accumulation_rank, world_size, args=(list(step_fns), wrapper, micro_batches, num_steps, warmup,
-                                                           tuple(sizes), tuple(forbidden)), timeout=timeout, echo=False)
+                                                           tuple(sizes), num_samples, tuple(forbidden)),
+                      timeout=timeout, echo=False)
     torch.manual_seed(0)
     ref = MLP(sizes)
     opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.9)
-    inputs, targets = _data(sizes[0], sizes[-1])
+    inputs, targets = _data(sizes[0], sizes[-1], num_samples=num_samples)
     for _ in range(warmup + num_steps):
         nn.functional.cross_entropy(ref(inputs), targets).backward()
         opt.step()

@@ -81,6 +81,8 @@ def test_run_accumulation_counts_and_compares():
     assert res["wrong"]["all_reduce_per_step"] == 0 and res["wrong"]["rank_spread"] > 1e-3
     with pytest.raises(ValueError, match="wrapper"):
         run_accumulation([], wrapper="fsdp")
+    with pytest.raises(ValueError, match="divisible by world_size x micro_batches"):
+        run_accumulation([], 4, micro_batches=4)  # 24 samples: 6 per rank do not split in 4
 
 
 def test_the_reference_is_caught_inside_the_ranks():

@@ -191,7 +191,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 dist.broadcast(p.data, src=self._src(self.owner[p]), group=self.group)
 
     def _broadcast_flat(self) -> None:
-        """One broadcast per rank (and dtype): the owner packs its updated share into one flat tensor."""
+        """One broadcast per rank (and dtype): each owner packs its updated share into one flat tensor.
+
+        All N broadcasts start at once (``async_op=True``), so they travel together; the copies back
+        into the parameters wait for them.
+        """
+        pending = []
         for rank in range(self.world_size):
             by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
             for p in self.owned(rank):
@@ -201,10 +206,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     flat = torch.cat([p.data.reshape(-1) for p in params])  # (sum of numel,)
                 else:
                     flat = torch.empty(sum(p.numel() for p in params), dtype=dtype, device=device)
-                dist.broadcast(flat, src=self._src(rank), group=self.group)
-                if rank != self.rank:
-                    for p, chunk in zip(params, flat.split([p.numel() for p in params])):
-                        p.data.copy_(chunk.view_as(p))
+                work = dist.broadcast(flat, src=self._src(rank), group=self.group, async_op=True)
+                pending.append((rank, params, flat, work))
+        for rank, params, flat, work in pending:
+            work.wait()
+            if rank != self.rank:
+                for p, chunk in zip(params, flat.split([p.numel() for p in params])):
+                    p.data.copy_(chunk.view_as(p))
 
     # --- checkpoints: the full state, gathered and scattered -------------------------------------------
 

@@ -12,7 +12,8 @@ Every rank builds one copy of the same seeded MLP per strategy and trains it a f
 
 After the last step (gradients still held) each rank counts its bytes with
 :func:`~gpulab.parallel.state_bytes.state_bytes`. Steps are timed from a barrier to the end of
-``optimizer.step()``; a step's time is the slower rank's. Run it with::
+``optimizer.step()``, the strategies interleaved step by step on the CPU; a step's time is the
+slower rank's. Run it with::
 
     per_rank = launch(measure_sharding, 2, args=(["ddp", "zero1", "fsdp2"], ShardingConfig()))
     summarize_sharding(per_rank)   # {"ddp": {"bytes": [rank 0, rank 1], "step_s": 0.03}, ...}
@@ -122,6 +123,10 @@ def measure_sharding(rank: int, world_size: int, strategies: Sequence[Any],
                      cfg: ShardingConfig | None = None) -> dict[str, dict[str, Any]]:
     """Rank body: train each strategy ``warmup + num_steps`` AdamW steps; count its bytes, time its steps.
 
+    On the CPU the strategies take their steps *interleaved* (ddp, zero1, fsdp2, ddp, ...), so
+    machine load hits them alike and their time ratio means something. On a GPU they run one after
+    the other, so that ``torch.cuda.max_memory_allocated`` (reset before each) is each one's own peak.
+
     Returns:
         ``{name: {"bytes": StateBytes.as_dict(), "step_s": [seconds per timed step], "params": ...}}``
         for this rank (``params``, the full parameters on the CPU, only with ``cfg.return_params``).
@@ -131,35 +136,54 @@ def measure_sharding(rank: int, world_size: int, strategies: Sequence[Any],
         raise ValueError(f"batch_size={cfg.batch_size} is not divisible by world_size={world_size}")
     device = rank_device(rank)
     g = torch.Generator().manual_seed(cfg.seed + 1)
-    num_steps = cfg.warmup + cfg.num_steps
     batches = [(torch.randn(cfg.batch_size, cfg.width, generator=g), torch.randint(0, cfg.width, (cfg.batch_size,), generator=g))
-               for _ in range(num_steps)]
+               for _ in range(cfg.warmup + cfg.num_steps)]
+    batches = [tuple(t.chunk(world_size)[rank].to(device) for t in b) for b in batches]  # this rank's slice
     out: dict[str, dict[str, Any]] = {}
-    for strategy in strategies:
-        name = _name(strategy)
-        model = sharding_model(cfg).to(device)
-        wrapped, opt, holder = _build(strategy, model, device, world_size, cfg.lr)
-        if device.type == "cuda":
+    if device.type == "cuda":  # one at a time: each strategy's own allocator peak
+        for strategy in strategies:
+            run = _Run(strategy, cfg, device, world_size)
             torch.cuda.reset_peak_memory_stats(device)
-        times = []
-        for step, (inputs, targets) in enumerate(batches):
-            inputs, targets = (t.chunk(world_size)[rank].to(device) for t in (inputs, targets))  # this rank's slice
-            dist.barrier()
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(wrapped(inputs), targets).backward()
-            opt.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if step >= cfg.warmup:
-                times.append(time.perf_counter() - t0)
-        counted = state_bytes(model, None, device)
-        counted.optimizer_state = optimizer_state_bytes(holder)
-        out[name] = {"bytes": counted.as_dict(), "step_s": times}
-        if cfg.return_params:
-            out[name]["params"] = {n: _full(p) for n, p in model.named_parameters()}
-        del wrapped, opt, holder, model
-    return out
+            for step, batch in enumerate(batches):
+                run.step(batch, timed=step >= cfg.warmup)
+            out[run.name] = run.report(cfg.return_params)
+            del run
+        return out
+    runs = [_Run(strategy, cfg, device, world_size) for strategy in strategies]
+    for step, batch in enumerate(batches):
+        for run in runs:  # interleaved: a busy machine slows every strategy alike
+            run.step(batch, timed=step >= cfg.warmup)
+    return {run.name: run.report(cfg.return_params) for run in runs}
+
+
+class _Run:
+    """One strategy's model, optimizer and step times inside a rank."""
+
+    def __init__(self, strategy: Any, cfg: ShardingConfig, device: torch.device, world_size: int) -> None:
+        self.name, self.device = _name(strategy), device
+        self.model = sharding_model(cfg).to(device)
+        self.wrapped, self.opt, self.holder = _build(strategy, self.model, device, world_size, cfg.lr)
+        self.times: list[float] = []
+
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor], timed: bool) -> None:
+        inputs, targets = batch
+        dist.barrier()  # time the step, not how late the other ranks arrived
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(self.wrapped(inputs), targets).backward()
+        self.opt.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # a host-device sync: the kernels must be done to be timed
+        if timed:
+            self.times.append(time.perf_counter() - t0)
+
+    def report(self, return_params: bool) -> dict[str, Any]:
+        counted = state_bytes(self.model, None, self.device)  # after the last step: gradients still held
+        counted.optimizer_state = optimizer_state_bytes(self.holder)
+        out: dict[str, Any] = {"bytes": counted.as_dict(), "step_s": self.times}
+        if return_params:
+            out["params"] = {n: _full(p) for n, p in self.model.named_parameters()}
+        return out
 
 
 def _full(p: torch.Tensor) -> torch.Tensor:
