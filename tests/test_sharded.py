@@ -16,7 +16,7 @@ from torch import nn
 
 from gpulab.models import MLP
 from gpulab.parallel import BucketedDDP, NaiveDDP, ShardedOptimizer, allreduce_gradients, bucket_assignment, launch
-from gpulab.parallel.accumulation import accumulation_step, count_collectives
+from gpulab.parallel.accumulation import accumulation_step, count_collectives, torch_ddp_allreduce_calls
 from gpulab.parallel.sharded import balanced_owners
 from gpulab.parallel.state_bytes import optimizer_state_bytes
 
@@ -284,3 +284,20 @@ def test_balanced_owners_is_largest_first():
     assert balanced_owners(params, 7) == [3, 0, 1, 2, 4]
     with pytest.raises(ValueError, match="world_size"):
         balanced_owners(params, 0)
+
+
+def test_torch_ddp_no_sync_seen_by_the_profiler():
+    per_rank = launch(torch_ddp_allreduce_calls, 2, args=(3,), echo=False)
+    assert per_rank == [{"no_sync": 1, "every_micro_batch": 3}] * 2
+
+
+def test_accumulation_step_needs_micro_batches():
+    with pytest.raises(ValueError, match="micro_batches is empty"):
+        accumulation_step(NaiveDDP, None, [], nn.functional.cross_entropy)
+
+
+def test_count_collectives_restores_torch_distributed():
+    original = dist.all_reduce
+    with count_collectives() as calls:
+        assert dist.all_reduce is not original
+    assert dist.all_reduce is original and calls["all_reduce"] == 0

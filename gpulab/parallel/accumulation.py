@@ -114,9 +114,13 @@ def torch_ddp_allreduce_calls(rank: int, world_size: int, micro_batches: int = 4
     """
     from torch.profiler import ProfilerActivity, profile
 
+    from gpulab.parallel.startup import rank_device
+
+    device = rank_device(rank)
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)))
-    inputs = torch.randn(micro_batches, 8, 16)  # (k, B, features): k micro-batches
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).to(device),
+                                                device_ids=[device.index] if device.type == "cuda" else None)
+    inputs = torch.randn(micro_batches, 8, 16, device=device)  # (k, B, features): k micro-batches
     out = {}
     for name, use_no_sync in (("no_sync", True), ("every_micro_batch", False)):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
