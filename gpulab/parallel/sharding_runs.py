@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -36,9 +36,6 @@ from gpulab.parallel.startup import rank_device
 from gpulab.parallel.state_bytes import optimizer_state_bytes, state_bytes
 
 __all__ = ["ShardingConfig", "sharding_model", "measure_sharding", "summarize_sharding", "preload_sharding"]
-
-Strategy = "str | tuple[str, Callable[..., Any]]"
-
 
 @dataclass
 class ShardingConfig:

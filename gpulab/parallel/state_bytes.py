@@ -96,10 +96,6 @@ class StateBytes:
         return {**asdict(self), "total": self.total}
 
 
-def _global_numel(p: torch.Tensor) -> int:
-    return p.numel()  # a DTensor's numel() is the global (unsharded) size
-
-
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                 device: torch.device | str | None = None) -> StateBytes:
     """Count the bytes of training state this rank holds, from its tensors.
@@ -119,7 +115,7 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
         params=tensor_bytes(params),
         grads=tensor_bytes(p.grad for p in params),
         optimizer_state=optimizer_state_bytes(optimizer) if optimizer is not None else 0,
-        num_params=sum(_global_numel(p) for p in params),
+        num_params=sum(p.numel() for p in params),  # a DTensor's numel() is the global (unsharded) size
         cuda_peak=cuda_peak_bytes(device) if device is not None and device.type == "cuda" else None,
     )
 
