@@ -26,11 +26,9 @@ from torch import nn
 
 from gpulab import grading
 from gpulab.models import MLP
+from gpulab.parallel import BucketedDDP, NaiveDDP, allreduce_gradients, launch, rank_device
 from gpulab.parallel.accumulation import accumulation_step, count_collectives
-from gpulab.parallel.ddp import BucketedDDP, NaiveDDP, allreduce_gradients
-from gpulab.parallel.launch import launch
 from gpulab.parallel.sharded import ShardedOptimizer, balanced_owners
-from gpulab.parallel.startup import rank_device
 from gpulab.parallel.state_bytes import optimizer_state_bytes
 
 __all__ = ["REFERENCES", "TiedMLP", "Zero1Check", "check_zero1", "run_accumulation", "single_process_params"]

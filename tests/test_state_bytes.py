@@ -11,9 +11,21 @@ from torch import nn
 
 from gpulab.parallel import launch
 from gpulab.parallel.sharded import balanced_owners
-from gpulab.parallel.sharding_runs import ShardingConfig, measure_sharding, preload_sharding, sharding_model, summarize_sharding
-from gpulab.parallel.state_bytes import (FP32_ADAM, MIXED_PRECISION_ADAM, bytes_per_parameter, optimizer_state_bytes,
-                                         state_bytes, tensor_bytes)
+from gpulab.parallel.sharding_runs import (
+    ShardingConfig,
+    measure_sharding,
+    preload_sharding,
+    sharding_model,
+    summarize_sharding,
+)
+from gpulab.parallel.state_bytes import (
+    FP32_ADAM,
+    MIXED_PRECISION_ADAM,
+    bytes_per_parameter,
+    optimizer_state_bytes,
+    state_bytes,
+    tensor_bytes,
+)
 
 CFG = ShardingConfig(width=32, depth=3, batch_size=8, num_steps=2, warmup=1, return_params=True)
 

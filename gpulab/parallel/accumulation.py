@@ -114,7 +114,7 @@ def torch_ddp_allreduce_calls(rank: int, world_size: int, micro_batches: int = 4
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from gpulab.parallel.startup import rank_device
+    from gpulab.parallel import rank_device  # the package's public name: here and after the reorganisation
 
     device = rank_device(rank)
     torch.manual_seed(0)

@@ -31,8 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 from gpulab.models import MLP
+from gpulab.parallel import rank_device
 from gpulab.parallel.sharded import ShardedOptimizer
-from gpulab.parallel.startup import rank_device
 from gpulab.parallel.state_bytes import optimizer_state_bytes, state_bytes
 
 __all__ = ["ShardingConfig", "sharding_model", "measure_sharding", "summarize_sharding", "preload_sharding"]
@@ -71,10 +71,10 @@ def sharding_model(cfg: ShardingConfig) -> MLP:
 
 def preload_sharding() -> None:
     """Import FSDP2 and ZeroRedundancyOptimizer once here, so forked ranks do not each import them."""
+    import torch._dynamo  # noqa: F401 - torch DDP imports it on first use
     import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.optim  # noqa: F401
     import torch.distributed.tensor  # noqa: F401
-    import torch._dynamo  # noqa: F401 - torch DDP imports it on first use
 
 
 def _ddp(model: nn.Module, device: torch.device) -> nn.Module:
