@@ -118,3 +118,13 @@ def test_optimizer_state_bytes_of_a_plain_optimizer():
     assert optimizer_state_bytes(opt) == 2 * 15 * 4 + 2 * 4
     counted = state_bytes(lin, opt)
     assert counted.total == 60 + 60 + 128 and counted.per_parameter()["params"] == 4.0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_allocator_peak_is_reported_beside_the_exact_count():
+    per_rank = launch(measure_sharding, 1, args=(["ddp", "zero1"], CFG), backend="nccl", timeout=300, echo=False)
+    for name, run in per_rank[0].items():
+        b = run["bytes"]
+        assert b["cuda_peak"] is not None and b["cuda_peak"] >= b["total"], f"{name}: the peak holds at least the state"
+        torch.testing.assert_close(run["params"]["net.0.weight"], _single_process_params()["net.0.weight"].detach(),
+                                   atol=1e-4, rtol=1e-4)
