@@ -52,15 +52,14 @@ def _errors(nb_path: Path) -> list[tuple[int, str, str]]:
     return out
 
 
-def _manual_points(lab_dir: Path) -> float:
-    """Points of the manually graded answers (markdown solution cells) in a lab's source notebooks."""
-    total = 0.0
-    for path in lab_dir.glob("*.ipynb"):
-        for cell in nbformat.read(str(path), as_version=4).cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if cell.cell_type == "markdown" and meta.get("grade") and meta.get("solution"):
-                total += float(meta.get("points", 0))
-    return total
+def _manual_points(course: Path, lab: str, student: str) -> float:
+    """Points of the cells that autograde leaves to the instructor (written answers)."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id="") as gb:
+        sub = gb.find_submission(lab, student)
+        return float(sum(g.max_score for nb in sub.notebooks for g in nb.grades
+                         if g.auto_score is None and g.manual_score is None))
 
 
 @pytest.mark.notebook
@@ -86,9 +85,9 @@ def test_lab_pipeline(lab: str, tmp_path: Path) -> None:
         assert not errors, f"the source notebook {nb.name} raised in cells: {errors}"
     score, max_score = scores_from_gradebook(course, lab, "solution")
     assert max_score > 0, f"{lab} has no graded cells"
-    manual = _manual_points(course / "source" / lab)  # written answers wait for the instructor: 0 until graded
+    manual = _manual_points(course, lab, "solution")  # written answers wait for the instructor
     assert score == max_score - manual, \
-        f"{lab} source notebook scored {score}/{max_score} ({manual} for written answers); it must get full marks"
+        f"{lab} source notebook scored {score}/{max_score} ({manual} to grade by hand); it must get full marks"
 
     t0 = time.perf_counter()
     _run(course, "autograde", lab, "--student", "student", "--force")
