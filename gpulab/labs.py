@@ -37,6 +37,8 @@ LABS: tuple[Lab, ...] = (
         "2 logical devices sharing {physical}, one thread each (simulated)"),
     Lab("08_oom", "out of memory", "leaks, no_grad, max batch size, AMP, checkpointing, shape summary", 1,
         "{physical}, memory metered by MemoryMeter under a budget"),
+    Lab("09_sharding", "sharded data parallelism", "bytes per rank, ZeRO-1 written from scratch, no_sync accumulation, FSDP2", 2,
+        "2 and 4 gloo processes sharing {physical}"),
 )
 
 

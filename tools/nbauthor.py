@@ -5,7 +5,7 @@ JupyterLab (View → Cell Toolbar → Create Assignment), or build/rewrite it fr
 helpers here, which fill in nbgrader's cell metadata correctly::
 
     import sys; sys.path.insert(0, "tools")
-    from nbauthor import md, code, solution, tests, write
+    from nbauthor import md, code, solution, tests, answer, write
     write("notebooks/source/00_setup/00_setup.ipynb", [
         md("# Lab 00"),
         code("import gpulab"),
@@ -59,6 +59,14 @@ def tests(src: str, grade_id: str, points: float = 1) -> nbformat.NotebookNode:
     ``### END HIDDEN TESTS``; start with a one-line docstring saying what is checked."""
     cell = nbformat.v4.new_code_cell(src.strip("\n"))
     cell.metadata.update(_meta(grade_id, grade=True, solution=False, locked=True, points=points))
+    return cell
+
+
+def answer(text: str, grade_id: str, points: float = 1) -> nbformat.NotebookNode:
+    """A written answer, graded by hand: the part between ``### BEGIN SOLUTION`` / ``### END SOLUTION``
+    (a model answer and the instructor's rubric) becomes "YOUR ANSWER HERE" in the student's copy."""
+    cell = nbformat.v4.new_markdown_cell(text.strip("\n"))
+    cell.metadata.update(_meta(grade_id, grade=True, solution=True, locked=False, points=points))
     return cell
 
 

@@ -38,6 +38,7 @@ from gpulab.parallel.ddp import (
     unused_parameters,
 )
 from gpulab.parallel.ddp.examples import BranchyNet
+from gpulab.parallel.ddp.sharded import ShardedOptimizer
 from gpulab.parallel.dp import DataParallel, DataParallelCriterion, DataParallelModel, parallel_apply, replicate
 from gpulab.parallel.pipeline import (
     PipelinedModel,
@@ -56,7 +57,7 @@ __all__ = [
     "DataParallel", "DataParallelModel", "DataParallelCriterion", "replicate", "parallel_apply",
     "BranchyNet", "launch", "RankFailedError", "LaunchTimeoutError", "rank_device", "resolve_backend", "threads_per_rank",
     "DistributedSampler", "UnpaddedDistributedSampler", "distributed_accuracy", "epoch_orders",
-    "NaiveDDP", "BucketedDDP", "allreduce_gradients", "bucket_assignment", "unused_parameters",
+    "NaiveDDP", "BucketedDDP", "ShardedOptimizer", "allreduce_gradients", "bucket_assignment", "unused_parameters",
     "amp_settings", "amp_step", "make_grad_scaler", "StepTimingConfig", "summarize_step_times", "time_sync_strategies",
     "SplitModel", "split_model", "PipelinedModel", "intra_op_threads", "StageEvent", "bubble_fraction",
     "measured_bubble", "plot_timeline", "batchnorm_to_groupnorm",

@@ -5,7 +5,12 @@
 - ``sampler``: DistributedSampler, padded and unpadded;
 - ``allreduce``: gradient averaging, per parameter (``NaiveDDP``) and bucketed (``BucketedDDP``);
 - ``amp``: mixed precision with torch.amp; ``timing``: step times per strategy;
-- ``examples``: the small workloads the lab trains.
+- ``examples``: the small workloads the lab trains;
+- ``failures``: what a failed launch reports and whom it blames; ``_watchdog``: no rank outlives its caller.
+
+Lab 09 (sharding): ``sharded`` (ShardedOptimizer, ZeRO stage 1), ``state_bytes`` (bytes per rank,
+counted from the tensors each rank holds), ``accumulation`` (no_sync and counting collectives),
+``sharding_runs`` (DDP, ZeRO-1 and FSDP2 measured side by side).
 """
 
 from gpulab.parallel.ddp.allreduce import (
@@ -23,12 +28,13 @@ from gpulab.parallel.ddp.sampler import (
     distributed_accuracy,
     epoch_orders,
 )
+from gpulab.parallel.ddp.sharded import ShardedOptimizer
 from gpulab.parallel.ddp.startup import rank_device, resolve_backend, threads_per_rank
 from gpulab.parallel.ddp.timing import StepTimingConfig, summarize_step_times, time_sync_strategies
 
 __all__ = [
     "launch", "RankFailedError", "LaunchTimeoutError", "rank_device", "resolve_backend", "threads_per_rank",
     "DistributedSampler", "UnpaddedDistributedSampler", "distributed_accuracy", "epoch_orders",
-    "NaiveDDP", "BucketedDDP", "allreduce_gradients", "bucket_assignment", "unused_parameters",
+    "NaiveDDP", "BucketedDDP", "ShardedOptimizer", "allreduce_gradients", "bucket_assignment", "unused_parameters",
     "amp_settings", "amp_step", "make_grad_scaler", "StepTimingConfig", "summarize_step_times", "time_sync_strategies",
 ]

@@ -26,8 +26,9 @@ Usage (inside a rank started by :func:`gpulab.parallel.ddp.launch`)::
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -49,6 +50,7 @@ class _DataParallelBase(nn.Module):
         self.world_size = dist.get_world_size(process_group)
         self.broadcast_buffers = broadcast_buffers
         self._src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
+        self.require_sync = True  # False inside no_sync(): gradients only accumulate locally
         with torch.no_grad():  # replicas must start identical, or they never become identical
             for t in list(module.parameters()) + list(module.buffers()):
                 dist.broadcast(t, src=self._src, group=process_group)
@@ -59,6 +61,25 @@ class _DataParallelBase(nn.Module):
                 for b in self.module.buffers():
                     dist.broadcast(b, src=self._src, group=self.group)
         return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Skip the gradient all-reduce inside this block; the gradients accumulate locally in ``.grad``.
+
+        Gradient accumulation over k micro-batches: run the first k-1 backward passes inside
+        ``no_sync()`` and the last one outside, which all-reduces the accumulated sum once: k times
+        fewer all-reduce calls, and the same gradients as one step on the k micro-batches together
+        (as ``torch.nn.parallel.DistributedDataParallel.no_sync``).
+
+        Warning:
+            If the last micro-batch is inside ``no_sync()`` too, nothing is ever averaged: each
+            rank steps with its own gradients and the replicas silently drift apart.
+        """
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
 
     def _params(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
@@ -101,7 +122,9 @@ class NaiveDDP(_DataParallelBase):
     """
 
     def sync_gradients(self) -> int:
-        """Average every gradient over the ranks. Returns the number of all-reduce calls made."""
+        """Average every gradient over the ranks (nothing inside ``no_sync()``). Returns the all-reduce calls made."""
+        if not self.require_sync:
+            return 0
         return allreduce_gradients(self.module, self.world_size, self.group)
 
 
@@ -204,6 +227,8 @@ class BucketedDDP(_DataParallelBase):
         return len(self.buckets)
 
     def _on_grad_ready(self, p: nn.Parameter) -> None:
+        if not self.require_sync:  # inside no_sync(): p.grad keeps accumulating, nothing is sent
+            return
         if not self._callback_queued:  # first gradient of this backward pass
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
@@ -250,8 +275,8 @@ class BucketedDDP(_DataParallelBase):
             self._next = 0
 
     def sync_gradients(self) -> int:
-        """Nothing left to do (backward already waited for the buckets). Returns the bucket count."""
-        return len(self.buckets)
+        """Nothing left to do (backward already waited for the buckets). Returns the bucket count (0 in no_sync)."""
+        return len(self.buckets) if self.require_sync else 0
 
 
 def unused_parameters(model: nn.Module, *inputs: Any) -> list[str]:

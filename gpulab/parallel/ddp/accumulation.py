@@ -1,0 +1,133 @@
+"""Gradient accumulation with ``no_sync``, and a counter of the collectives a rank calls (lab 09).
+
+A batch too large for memory is split into k micro-batches: k forward/backward passes add their
+gradients up in ``.grad`` (each loss divided by k, so the sum is the mean over the big batch),
+then one optimizer step. Under data parallelism, each backward pass would also all-reduce the
+gradients: k all-reduces where one is enough. ``no_sync()`` (torch DDP's, and
+:class:`~gpulab.parallel.NaiveDDP`'s / :class:`~gpulab.parallel.BucketedDDP`'s here) skips the
+all-reduce for the first k-1 micro-batches; the last backward, outside it, averages the
+accumulated sum once:
+
+1. for micro-batches 0 .. k-2, inside ``model.no_sync()``: ``(loss_fn(model(x), y) / k).backward()``;
+2. micro-batch k-1, outside: the same, then ``model.sync_gradients()``;
+3. ``optimizer.step()``; ``optimizer.zero_grad()``.
+
+The parameters then equal one step on the k micro-batches together (tests/test_sharded.py), with k
+times fewer all-reduce calls, which :class:`count_collectives` counts.
+
+Usage::
+
+    with count_collectives() as calls:
+        accumulation_step(model, optimizer, micro_batches, loss_fn)
+    calls["all_reduce"]     # NaiveDDP: one per parameter tensor; BucketedDDP: one per bucket
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["accumulation_step", "count_collectives", "torch_ddp_allreduce_calls", "COUNTED"]
+
+COUNTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+
+def accumulation_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+                      micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                      loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """One optimizer step accumulated over ``micro_batches``, synchronising the gradients once.
+
+    Args:
+        model: a :class:`~gpulab.parallel.NaiveDDP` or :class:`~gpulab.parallel.BucketedDDP`
+            (anything with ``no_sync()`` and ``sync_gradients()``).
+        optimizer: the optimizer of ``model``'s parameters.
+        micro_batches: ``[(inputs, targets), ...]``, k micro-batches of equal size.
+        loss_fn: mean-reduced loss, ``loss_fn(outputs, targets)``.
+
+    Returns:
+        The mean loss over the micro-batches (detached).
+
+    Raises:
+        ValueError: when ``micro_batches`` is empty.
+    """
+    if not micro_batches:
+        raise ValueError("micro_batches is empty; pass at least one (inputs, targets) pair")
+    k = len(micro_batches)
+    total = torch.zeros(())
+    for i, (inputs, targets) in enumerate(micro_batches):
+        last = i == k - 1
+        with model.no_sync() if not last else contextlib.nullcontext():
+            loss = loss_fn(model(inputs), targets) / k  # the sum of k of these is the big batch's mean
+            loss.backward()
+            model.sync_gradients()  # a no-op inside no_sync; the one all-reduce on the last micro-batch
+        total += loss.detach().cpu()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+class count_collectives:  # noqa: N801 - used like a function: `with count_collectives() as calls`
+    """Count the ``torch.distributed`` collectives called in this process while the block runs.
+
+    It wraps the Python functions named in :data:`COUNTED` (``dist.all_reduce``...), so it counts
+    what gpulab's wrappers and your code call through ``torch.distributed``; torch DDP's C++
+    reducer and FSDP2 call the process group directly and are not counted.
+
+    Yields:
+        A ``collections.Counter``: ``calls["all_reduce"]`` is the number of all-reduce calls.
+    """
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self._saved: dict[str, Callable[..., Any]] = {}
+
+    def __enter__(self) -> Counter[str]:
+        for name in COUNTED:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            self._saved[name] = original
+
+            def counted(*args: Any, _name: str = name, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+                self.calls[_name] += 1
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+        return self.calls
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+        self._saved.clear()
+
+
+def torch_ddp_allreduce_calls(rank: int, world_size: int, micro_batches: int = 4) -> dict[str, int]:
+    """Rank body: all-reduces torch DDP makes for one accumulated step, as ``torch.profiler`` records them.
+
+    torch DDP's reducer runs in C++, out of :class:`count_collectives`' reach; the profiler sees its
+    ``c10d::allreduce_`` calls. Returns ``{"no_sync": calls, "every_micro_batch": calls}``.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpulab.parallel import rank_device  # the package's public name: here and after the reorganisation
+
+    device = rank_device(rank)
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).to(device),
+                                                device_ids=[device.index] if device.type == "cuda" else None)
+    inputs = torch.randn(micro_batches, 8, 16, device=device)  # (k, B, features): k micro-batches
+    out = {}
+    for name, use_no_sync in (("no_sync", True), ("every_micro_batch", False)):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for i, x in enumerate(inputs):
+                skip = use_no_sync and i < micro_batches - 1
+                with model.no_sync() if skip else contextlib.nullcontext():
+                    model(x).square().mean().backward()
+        out[name] = sum(1 for e in prof.events() if e.name.startswith("c10d::allreduce"))
+        model.zero_grad()
+    return out
