@@ -168,7 +168,9 @@ class SimAccelerator(Accelerator):
 
 
 def _sample_mean(inputs: torch.Tensor | None) -> torch.Tensor:
+    """The mean of at most about 4096 evenly spaced elements of ``inputs`` (0 without inputs)."""
     if not isinstance(inputs, torch.Tensor):
         return torch.zeros(())
-    flat = inputs.detach().reshape(-1)
-    return flat[:: max(1, flat.numel() // 4096)].float().mean()
+    flat = inputs.detach().reshape(-1)  # (numel,)
+    stride = max(1, flat.numel() // 4096)
+    return flat[::stride].float().mean()  # (numel / stride,) -> ()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import CodeType, FrameType
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode  # a private module; torch has no public path
 
 from gpulab.memory.attribution import FRESH, MUTATE, VIEW, _kind, _tensors
 
@@ -97,6 +97,10 @@ class Origin:
 class OriginTracer(TorchDispatchMode):
     """Records the origin of every new storage made while it is active (one thread).
 
+    A ``TorchDispatchMode`` sees every aten op (torch's "Extending PyTorch" notes document
+    ``__torch_dispatch__``), although the class itself lives in the private
+    ``torch.utils._python_dispatch``.
+
     Args:
         max_frames: frames walked per allocation (torch's own frames do not count towards the
             ``max_kept`` kept, but are walked).
@@ -116,7 +120,10 @@ class OriginTracer(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False  # as MeterMode: no torch._dynamo import (seconds) on the first op
+        # A private hook of TorchDispatchMode: by default torch wraps __torch_dispatch__ in
+        # torch._disable_dynamo, which imports torch._dynamo (seconds) on the first op. Nothing
+        # here is compiled, so opt out (as MeterMode does).
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
