@@ -92,6 +92,12 @@ class StepMarks(NamedTuple):
 class Accelerator:
     """The interface :func:`gpulab.profiling.profile_loop` and step functions use.
 
+    Step functions call ``compute``; ``profile_loop`` calls ``copy``, ``record`` and
+    ``synchronize`` during the loop, then asks the accelerator how to read each step's
+    :class:`StepMarks` (``copy_seconds``, ``step_wait``, ``host_work``, ``busy_intervals``):
+    what a mark means depends on whether the device keeps its own time (CUDA), is booked exactly
+    (simulated), or is the host itself.
+
     Attributes:
         kind: ``"cuda"``, ``"simulated"`` or ``"host"``.
         name: for reports, e.g. ``"cuda:0 (NVIDIA H100)"`` or ``"sim:0 (simulated)"``.
