@@ -50,6 +50,7 @@ from gpulab.devices import registry as _placement
 from gpulab.parallel import comm
 from gpulab.parallel.pipeline.bubble import StageEvent
 from gpulab.parallel.pipeline.split import SplitModel
+from gpulab.parallel.pipeline.streams import forward_streams
 from gpulab.parallel.pipeline.threads import StageThreads
 
 __all__ = ["PipelinedModel"]
@@ -174,12 +175,15 @@ class PipelinedModel(nn.Module):
         return math.ceil(batch_size / self.split_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The split model's output for ``x`` (B rows), computed in micro-batches of ``split_size`` rows.
+
+        Raises:
+            ValueError: if ``x`` is not a tensor with at least one row along dim 0.
+        """
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.size(0) == 0:
             raise ValueError(f"PipelinedModel needs a batch with at least one row along dim 0, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         if self.uses_streams:
-            from gpulab.parallel.pipeline.streams import forward_streams
-
             micro = list(x.split(self.split_size))  # M views of (split_size, ...), the last maybe smaller
             outs, self.timeline = forward_streams(list(self.split.stages), self.devices, micro, self.overlap)
             return _concat(outs, self.devices[-1])  # (B, ...)
