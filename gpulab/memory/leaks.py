@@ -219,8 +219,10 @@ class LeakFinder:
         n = len(ys)
         if n < 2:
             return 0.0
-        xm, ym = (n - 1) / 2, sum(ys) / n
-        return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / sum((i - xm) ** 2 for i in range(n))
+        x_mean, y_mean = (n - 1) / 2, sum(ys) / n  # x: the step's index in the window, 0..n-1
+        covariance = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(ys))
+        variance = sum((i - x_mean) ** 2 for i in range(n))
+        return covariance / variance
 
     def growth(self, since: int = 1) -> float:
         """Relative growth of live bytes from after step ``since`` to the last step (0.01 = 1 %).
