@@ -26,7 +26,7 @@ import gpulab.accel.host
 import gpulab.accel.sim
 import gpulab.profiling
 import gpulab.profiling.loop
-from gpulab.accel import DeviceValue, HostAccelerator, SimAccelerator, as_accelerator
+from gpulab.accel import Accelerator, DeviceValue, HostAccelerator, SimAccelerator, as_accelerator
 from gpulab.accel.cuda import CudaAccelerator
 from gpulab.profiling import bottleneck, profile_loop
 from gpulab.profiling.loop import main
@@ -138,6 +138,31 @@ def test_copy_bound_loop_recovers_fractions(clock) -> None:
     prof = _recovers(profile_loop(loader, _step(acc, 0.020), acc, num_steps=8, disable=True),
                      {"copy": 320 / 480, "data": 160 / 480, "busy": 160 / 480}, "copy")
     assert "uint8" in prof.verdict
+
+
+class UncountedSim(SimAccelerator):
+    """The simulated device read as a CUDA one is: no count of the host's waits, and one busy
+    interval per step from its events (Accelerator's defaults), on the virtual clock."""
+
+    def waited(self) -> None:
+        return None
+
+    def busy_intervals(self, steps, t_start, t_end):
+        return Accelerator.busy_intervals(self, steps, t_start, t_end)
+
+
+@pytest.mark.parametrize("sync, expected, bound", [
+    (True, {"data": 1 / 3, "sync": 2 / 3, "busy": 2 / 3}, "sync"),  # as test_sync_bound_loop_recovers_fractions
+    (False, {"busy": 400 / 420, "data": 200 / 420, "sync": 0.0}, "compute"),  # the host runs ahead
+])
+def test_without_a_count_of_waits_the_sync_is_inferred_from_events(clock, sync, expected, bound) -> None:
+    acc = UncountedSim()
+    loader = SleepyLoader(10, 0.020, sleep=clock.sleep)
+    prof = _recovers(profile_loop(loader, _step(acc, 0.040, sync=sync), acc, num_steps=10, non_blocking=True,
+                                  disable=True), expected, bound)
+    # copy, sync and host work split the host's time from the batch's arrival to step_fn's return
+    copy_and_step = prof.host_times[:, 3] - prof.host_times[:, 1]
+    assert prof.copy_s + prof.sync_s + prof.host_s == pytest.approx(copy_and_step, abs=1e-9)
 
 
 def test_host_clock_mode_counts_step_time_as_compute(clock) -> None:

@@ -10,12 +10,12 @@ One interface (:class:`Accelerator`, in :mod:`~gpulab.accel.base`), three implem
 :func:`pick_accelerator` (:mod:`~gpulab.accel.pick`) chooses one for the machine.
 """
 
-from gpulab.accel.base import Accelerator, spin, wait_until
+from gpulab.accel.base import Accelerator, StepMarks, spin, wait_until
 from gpulab.accel.clock import SimEvent, SimulatedAccelerator
 from gpulab.accel.cuda import CudaAccelerator
 from gpulab.accel.host import HostAccelerator
 from gpulab.accel.pick import as_accelerator, pick_accelerator
 from gpulab.accel.sim import DeviceValue, SimAccelerator
 
-__all__ = ["Accelerator", "SimAccelerator", "HostAccelerator", "CudaAccelerator", "DeviceValue", "SimulatedAccelerator",
+__all__ = ["Accelerator", "StepMarks", "SimAccelerator", "HostAccelerator", "CudaAccelerator", "DeviceValue", "SimulatedAccelerator",
            "SimEvent", "pick_accelerator", "as_accelerator", "spin", "wait_until"]

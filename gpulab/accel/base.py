@@ -27,11 +27,11 @@ Every figure produced through a :class:`SimAccelerator` is labelled simulated by
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
-__all__ = ["Accelerator", "spin", "wait_until"]
+__all__ = ["Accelerator", "StepMarks", "spin", "wait_until"]
 
 
 def spin(seconds: float) -> None:
@@ -56,8 +56,47 @@ def wait_until(deadline: float) -> float:
     return max(0.0, time.perf_counter() - t0)
 
 
+class StepMarks(NamedTuple):
+    """The marks :func:`gpulab.profiling.profile_loop` takes during one step.
+
+    Host times are ``time.perf_counter()`` seconds; events come from :meth:`Accelerator.record`
+    (positions in the device's queue, read with :meth:`Accelerator.event_time`).
+    """
+
+    requested: float  # the host asks the loader for a batch
+    received: float  # the batch arrived; the copy to the device starts
+    copied: float  # ``accel.copy`` returned; ``step_fn`` starts
+    returned: float  # ``step_fn`` returned
+    waited_before: float | None  # ``accel.waited()`` before ``step_fn`` (None: it cannot count waits)
+    waited_after: float | None  # ``accel.waited()`` after ``step_fn``
+    copy_start: Any  # device event before the copy
+    copy_end: Any  # device event after the copy: the step's device work is queued after it
+    step_end: Any  # device event after the work ``step_fn`` queued
+
+    @property
+    def data_wait(self) -> float:
+        """Host seconds waiting for the loader."""
+        return self.received - self.requested
+
+    @property
+    def copy_host(self) -> float:
+        """Host seconds inside ``accel.copy``."""
+        return self.copied - self.received
+
+    @property
+    def in_step(self) -> float:
+        """Host seconds inside ``step_fn``."""
+        return self.returned - self.copied
+
+
 class Accelerator:
     """The interface :func:`gpulab.profiling.profile_loop` and step functions use.
+
+    Step functions call ``compute``; ``profile_loop`` calls ``copy``, ``record`` and
+    ``synchronize`` during the loop, then asks the accelerator how to read each step's
+    :class:`StepMarks` (``copy_seconds``, ``step_wait``, ``host_work``, ``busy_intervals``):
+    what a mark means depends on whether the device keeps its own time (CUDA), is booked exactly
+    (simulated), or is the host itself.
 
     Attributes:
         kind: ``"cuda"``, ``"simulated"`` or ``"host"``.
@@ -104,6 +143,47 @@ class Accelerator:
     def waited(self) -> float | None:
         """Total seconds the host spent blocked on this device, if it can count them exactly."""
         return None
+
+    # -- reading one profiled step (profile_loop): what each accelerator knows of its own time ----
+
+    def copy_seconds(self, step: StepMarks) -> float:
+        """Of the host's time in ``copy()``, the seconds the copy itself took. The rest of it was
+        a blocking copy waiting for the queued work first: a sync."""
+        return min(step.copy_host, self.copy_between(step.copy_start, step.copy_end))
+
+    def step_wait(self, step: StepMarks) -> float:
+        """Seconds the host was blocked on the device inside ``step_fn`` (``loss.item()``, a
+        blocking copy): a sync. At most ``step.in_step``.
+
+        An accelerator that counts its waits (:meth:`waited`) gives the exact figure. Without a
+        count (CUDA) a wait is inferred when ``step_fn`` returned just as the device finished the
+        step's work (within 1 ms): the time both spent on the step (the host inside ``step_fn``,
+        the device on its work) is then the wait.
+        """
+        if step.waited_before is not None and step.waited_after is not None:
+            return min(step.waited_after - step.waited_before, step.in_step)
+        work_start, work_end = self.event_time(step.copy_end), self.event_time(step.step_end)
+        if abs(step.returned - work_end) >= 1e-3:
+            return 0.0  # step_fn returned before (or long after) the device finished: no sync seen
+        return max(0.0, min(step.returned, work_end) - max(step.copied, work_start))
+
+    def host_work(self, step: StepMarks) -> float:
+        """Seconds of the host's own work inside ``step_fn``: its time there less the wait."""
+        return step.in_step - self.step_wait(step)
+
+    def busy_intervals(self, steps: Sequence[StepMarks], t_start: float, t_end: float) -> list[tuple[float, float]]:
+        """The device's compute intervals in the window ``[t_start, t_end]``, relative to ``t_start``.
+
+        This default gives one interval per step, from the end of its copy to the end of its work,
+        so an idle gap inside a step counts as busy.
+        """
+        intervals = []
+        for step in steps:
+            start = self.event_time(step.copy_end) - t_start
+            end = self.event_time(step.step_end) - t_start
+            if end > start:
+                intervals.append((start, end))
+        return intervals
 
     @property
     def simulated(self) -> bool:

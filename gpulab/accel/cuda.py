@@ -4,6 +4,9 @@
 spins for a number of clock cycles calibrated once per device. It is real device work (NVML's
 GPU-Util reads 100 % while it runs) that occupies one SM, which is lab 01's point about what
 GPU-Util does not measure. Times come from CUDA events anchored to the host clock in ``begin()``.
+
+``torch.cuda._sleep`` is private (underscored, undocumented) but has been in torch for years and
+serves torch's own stream tests; no public op spins the GPU for a known number of cycles.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class CudaAccelerator(Accelerator):
     def _calibrate(self) -> float:
         if self._cycles_per_s is None:
             with torch.cuda.device(self.torch_device):
-                torch.cuda._sleep(1_000_000)  # warm up the kernel
+                torch.cuda._sleep(1_000_000)  # (private, see above) warm up the kernel
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 torch.cuda._sleep(50_000_000)
@@ -57,7 +60,7 @@ class CudaAccelerator(Accelerator):
     def compute(self, seconds: float, inputs: torch.Tensor | None = None) -> torch.Tensor:
         cycles = int(seconds * self._calibrate())
         with torch.cuda.device(self.torch_device):
-            torch.cuda._sleep(cycles)  # one block spinning: 100 % GPU-Util on one SM of many
+            torch.cuda._sleep(cycles)  # (private, see above) one block spinning: 100 % GPU-Util on one SM of many
             if isinstance(inputs, torch.Tensor):
                 return inputs.float().mean()
             return torch.zeros((), device=self.torch_device)

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from gpulab.accel.base import Accelerator, spin
+from gpulab.accel.base import Accelerator, StepMarks, spin
 
 __all__ = ["HostAccelerator"]
 
@@ -35,4 +35,16 @@ class HostAccelerator(Accelerator):
         return event
 
     def waited(self) -> float:
+        return 0.0
+
+    # The host is the device: step_fn's time is the device's compute (busy_between counts it),
+    # so none of it is host work or a wait, and the copy (a no-op) is all copy.
+
+    def copy_seconds(self, step: StepMarks) -> float:
+        return step.copy_host
+
+    def step_wait(self, step: StepMarks) -> float:
+        return 0.0
+
+    def host_work(self, step: StepMarks) -> float:
         return 0.0

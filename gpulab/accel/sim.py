@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
-from gpulab.accel.base import Accelerator, wait_until
+from gpulab.accel.base import Accelerator, StepMarks, wait_until
 from gpulab.accel.clock import SimEvent, SimulatedAccelerator
 from gpulab.devices.batches import tree_nbytes, tree_tensors
 
@@ -162,9 +162,15 @@ class SimAccelerator(Accelerator):
     def waited(self) -> float:
         return self._waited
 
+    def busy_intervals(self, steps: Sequence[StepMarks], t_start: float, t_end: float) -> list[tuple[float, float]]:
+        # exact: only the booked compute intervals, so idle gaps inside a step do not count
+        return self.compute_intervals(t_start, t_end)
+
 
 def _sample_mean(inputs: torch.Tensor | None) -> torch.Tensor:
+    """The mean of at most about 4096 evenly spaced elements of ``inputs`` (0 without inputs)."""
     if not isinstance(inputs, torch.Tensor):
         return torch.zeros(())
-    flat = inputs.detach().reshape(-1)
-    return flat[:: max(1, flat.numel() // 4096)].float().mean()
+    flat = inputs.detach().reshape(-1)  # (numel,)
+    stride = max(1, flat.numel() // 4096)
+    return flat[::stride].float().mean()  # (numel / stride,) -> ()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -34,6 +35,8 @@ from gpulab.memory.report import format_bytes
 from gpulab.memory.trend import LeakCriterion
 
 __all__ = ["LeakFinder", "LeakCriterion", "LeakReport", "LeakSite"]
+
+CodeLine = tuple[CodeType, int]  # a line of Python code, as OriginTracer records each frame
 
 
 @dataclass
@@ -133,7 +136,7 @@ class LeakFinder:
         self.leak_step: int | None = None
         self._meter: MemoryMeter | None = None
         self._tracer: OriginTracer | None = None
-        self._loop_code: Any = None
+        self._loop_code: CodeType | None = None  # the code whose loop calls step() (see step)
         self._state = "new"
         self.mode = ""
 
@@ -180,9 +183,12 @@ class LeakFinder:
 
     def step(self) -> None:
         """Record the live bytes after one iteration, and judge the trend. Call once per iteration."""
-        self._record(sys._getframe(1).f_code)
+        # The caller's code object is the function (or notebook cell) whose loop calls step():
+        # the report names the lines of that code. sys._getframe is CPython's (underscored but
+        # documented): the calling frame, without the cost of building a traceback.
+        self._record(loop_code=sys._getframe(1).f_code)
 
-    def _record(self, loop_code: Any) -> None:
+    def _record(self, loop_code: CodeType) -> None:
         if self._state != "active":
             raise RuntimeError("step() outside the finder: call it inside `with LeakFinder() as finder:`")
         self._loop_code = loop_code
@@ -193,14 +199,16 @@ class LeakFinder:
 
     def watch(self, iterable: Iterable) -> Iterator:
         """Yield the items of ``iterable``, calling :meth:`step` after each iteration of your loop."""
+        # In a generator, the frame above this one is whoever resumed it: the `for` loop that
+        # iterates over watch(...), so its code is the loop's, as in step().
         started = False
         for item in iterable:
-            if started:
-                self._record(sys._getframe(1).f_code)
+            if started:  # the loop asks for the next item: its previous iteration is over
+                self._record(loop_code=sys._getframe(1).f_code)
             started = True
             yield item
-        if started:
-            self._record(sys._getframe(1).f_code)
+        if started:  # the loop asked for one more item than there is: its last iteration is over
+            self._record(loop_code=sys._getframe(1).f_code)
 
     # -- reading the results ---------------------------------------------------------------------
 
@@ -211,8 +219,10 @@ class LeakFinder:
         n = len(ys)
         if n < 2:
             return 0.0
-        xm, ym = (n - 1) / 2, sum(ys) / n
-        return sum((i - xm) * (y - ym) for i, y in enumerate(ys)) / sum((i - xm) ** 2 for i in range(n))
+        x_mean, y_mean = (n - 1) / 2, sum(ys) / n  # x: the step's index in the window, 0..n-1
+        covariance = sum((i - x_mean) * (y - y_mean) for i, y in enumerate(ys))
+        variance = sum((i - x_mean) ** 2 for i in range(n))
+        return covariance / variance
 
     def growth(self, since: int = 1) -> float:
         """Relative growth of live bytes from after step ``since`` to the last step (0.01 = 1 %).
@@ -234,28 +244,29 @@ class LeakFinder:
 
     def report(self, top: int = 8, min_age: int = 1) -> LeakReport:
         """The verdict and the ``top`` sites holding the most surviving bytes."""
-        groups: dict[Any, list[Origin]] = {}
-        for o in self.survivors(min_age):
-            groups.setdefault(self._site_key(o), []).append(o)
+        by_site: dict[CodeLine | None, list[Origin]] = {}
+        for origin in self.survivors(min_age):
+            by_site.setdefault(self._site(origin), []).append(origin)
         sites = []
-        for where, origins in groups.items():
-            vias = Counter(o.stack[0] for o in origins if o.stack and o.stack[0] != where)
-            via = vias.most_common(1)[0][0] if vias else None
-            big = max(origins, key=lambda o: o.nbytes)
+        for where, origins in by_site.items():
+            biggest = max(origins, key=lambda o: o.nbytes)
             sites.append(LeakSite(
-                where=_frame(where), via=_frame(via), nbytes=sum(o.nbytes for o in origins), tensors=len(origins),
-                steps=sorted({o.step for o in origins}), example=f"{big.shape} {str(big.dtype).replace('torch.', '')}"))
-        sites.sort(key=lambda s: -s.nbytes)
+                where=_frame(where), via=_frame(_most_common_via(where, origins)),
+                nbytes=sum(o.nbytes for o in origins), tensors=len(origins),
+                steps=sorted({o.step for o in origins}),
+                example=f"{biggest.shape} {str(biggest.dtype).replace('torch.', '')}"))
+        sites.sort(key=lambda site: site.nbytes, reverse=True)
         return LeakReport(self.leaking, self.leak_step, self.growth_per_step, list(self.history), sites[:top],
                           self.mode, self._tracer.dropped if self._tracer else 0)
 
-    def _site_key(self, o: Origin) -> Any:
-        # The line of the loop that calls step() (found in the allocation's stack), else the
-        # innermost user frame.
-        for code, line in o.stack:
+    def _site(self, origin: Origin) -> CodeLine | None:
+        """The line a surviving tensor is reported under: the line of the watched loop that led
+        to it (found in its stack, innermost first), else its innermost user frame; None when it
+        was made with no Python frame (autograd's device thread on CUDA)."""
+        for code, line in origin.stack:
             if code is self._loop_code:
                 return code, line
-        return o.stack[0] if o.stack else None
+        return origin.stack[0] if origin.stack else None
 
     def plot(self, ax: Any = None, budget: int | None = None, label: str | None = None) -> Any:
         """Live MiB after each step (the budget dashed, the leak flag marked). Returns the Axes."""
@@ -276,7 +287,18 @@ class LeakFinder:
         return ax
 
 
-def _frame(entry: Any) -> Frame | None:
+def _most_common_via(where: CodeLine | None, origins: list[Origin]) -> CodeLine | None:
+    """The innermost user frame (model code, say) under most of a site's tensors, unless it is
+    the site itself."""
+    vias: Counter[CodeLine] = Counter()
+    for origin in origins:
+        if origin.stack and origin.stack[0] != where:
+            vias[origin.stack[0]] += 1
+    return vias.most_common(1)[0][0] if vias else None
+
+
+def _frame(entry: CodeLine | None) -> Frame | None:
+    """A recorded ``(code, line)`` as a printable :class:`Frame`."""
     if entry is None:
         return None
     code, line = entry

@@ -16,18 +16,19 @@ say ``(autograd)``.
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from types import CodeType
+from types import CodeType, FrameType
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode  # a private module; torch has no public path
 
-from gpulab.memory.attribution import FRESH, MUTATE, VIEW, _kind
+from gpulab.memory.attribution import FRESH, MUTATE, VIEW, _kind, _tensors
 
 __all__ = ["OriginTracer", "Origin", "Frame"]
 
@@ -37,17 +38,28 @@ _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # The instruments' own frames (dispatch modes, thread wrappers): never the answer to "where".
 _INSTRUMENTS = {_HERE + f for f in ("attribution.py", "meter.py", "threads.py", "ledger.py", "origins.py",
                                     "leaks.py")}
-_internal: dict[CodeType, bool] = {}
+_internal: dict[CodeType, bool] = {}  # per code object: deciding costs string tests, on every allocation
 
 
 def _is_internal(code: CodeType) -> bool:
     """torch's frames, the standard library's (contextlib...) and the instruments' are skipped."""
-    hit = _internal.get(code)
-    if hit is None:
-        name = code.co_filename
-        stdlib = name.startswith(_STDLIB_DIR) and "-packages" not in name
-        hit = _internal[code] = name.startswith(_TORCH_DIR) or stdlib or name in _INSTRUMENTS
-    return hit
+    if code not in _internal:
+        filename = code.co_filename
+        in_stdlib = filename.startswith(_STDLIB_DIR) and "-packages" not in filename  # site-packages is not
+        _internal[code] = filename.startswith(_TORCH_DIR) or in_stdlib or filename in _INSTRUMENTS
+    return _internal[code]
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    """The memory behind ``t``, or None for a tensor without a storage of its own (a wrapper
+    subclass, a sparse or nested tensor)."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+# Storages are keyed by ``storage._cdata`` (private): the address of the C++ StorageImpl, the same
+# for every Python object of one storage and unique while the storage lives.
 
 
 @dataclass(frozen=True)
@@ -81,13 +93,13 @@ class Origin:
     step: int  # how many steps had completed when it was made
     stack: tuple[tuple[CodeType, int], ...]  # innermost first; (code, line) of non-torch frames
 
-    def frames(self) -> list[Frame]:
-        """The recorded frames, innermost first."""
-        return [Frame(c.co_filename, line, c.co_name) for c, line in self.stack]
-
 
 class OriginTracer(TorchDispatchMode):
     """Records the origin of every new storage made while it is active (one thread).
+
+    A ``TorchDispatchMode`` sees every aten op (torch's "Extending PyTorch" notes document
+    ``__torch_dispatch__``), although the class itself lives in the private
+    ``torch.utils._python_dispatch``.
 
     Args:
         max_frames: frames walked per allocation (torch's own frames do not count towards the
@@ -108,62 +120,68 @@ class OriginTracer(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False  # as MeterMode: no torch._dynamo import (seconds) on the first op
+        # A private hook of TorchDispatchMode: by default torch wraps __torch_dispatch__ in
+        # torch._disable_dynamo, which imports torch._dynamo (seconds) on the first op. Nothing
+        # here is compiled, so opt out (as MeterMode does).
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         kind = _kind(func)
         if kind is VIEW or kind is MUTATE:
-            return out
-        outs = out if isinstance(out, (list, tuple)) else (out,)
+            return out  # no new memory: a view shares its input's storage, in-place writes into it
+        # An op may return one of its inputs' storages (ops marked NEW can): that is not new.
+        # lift_fresh (FRESH) returns the tensor torch.tensor(data) made outside the dispatcher.
         inputs: set[int] = set()
         if kind is not FRESH:
-            for a in (*args, *(kwargs or {}).values()):
-                for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                    if isinstance(t, torch.Tensor):
-                        try:
-                            inputs.add(t.untyped_storage()._cdata)
-                        except (RuntimeError, NotImplementedError):
-                            pass
-        stack = None
-        for t in outs:
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            for arg in (*args, *kwargs.values()):
+                for t in _tensors(arg):
+                    storage = _storage(t)
+                    if storage is not None:
+                        inputs.add(storage._cdata)
+        stack = None  # walked once per op, and only if one of its outputs is recorded
+        for t in _tensors(out):
+            storage = _storage(t) if t.device.type != "meta" else None  # meta: no memory behind it
+            if storage is None or storage._cdata in inputs or not storage.nbytes():
                 continue
-            try:
-                s = t.untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue
-            key = s._cdata
-            if key in inputs or not s.nbytes():
-                continue
+            key = storage._cdata
             with self._lock:
                 old = self._refs.get(key)
                 if old is not None and old() is not None:
-                    continue
+                    continue  # already followed: a second tensor on the same storage
                 if len(self.records) >= self.max_records:
                     self.dropped += 1
                     continue
                 if stack is None:
                     stack = self._stack()
-                self.records[key] = Origin(s.nbytes(), tuple(t.shape), t.dtype, self.step, stack)
-                self._refs[key] = weakref.ref(s, lambda r, k=key: self._forget(k, r))
+                self.records[key] = Origin(storage.nbytes(), tuple(t.shape), t.dtype, self.step, stack)
+                # the weak reference calls _forget(key, ref) when the storage is freed
+                self._refs[key] = weakref.ref(storage, functools.partial(self._forget, key))
         return out
 
     def _forget(self, key: int, ref: weakref.ref) -> None:
         with self._lock:
-            if self._refs.get(key) is ref:
+            if self._refs.get(key) is ref:  # not a newer storage that reuses the freed address
                 del self._refs[key]
                 self.records.pop(key, None)
 
     def _stack(self) -> tuple[tuple[CodeType, int], ...]:
+        """``(code, line)`` of the user frames that led to the current op, innermost first.
+
+        Code objects and line numbers only: a frame object holds its locals alive, so keeping
+        one would itself leak.
+        """
         kept: list[tuple[CodeType, int]] = []
-        f = sys._getframe(2)  # above __torch_dispatch__ and _stack
-        for _ in range(self.max_frames):
-            if f is None or len(kept) >= self.max_kept:
+        # sys._getframe (CPython's, underscored but documented) is the calling frame without the
+        # cost of building a traceback; 2 skips this method and __torch_dispatch__
+        frame: FrameType | None = sys._getframe(2)
+        for _ in range(self.max_frames):  # walk outwards, through torch's frames too
+            if frame is None or len(kept) >= self.max_kept:
                 break
-            if not _is_internal(f.f_code):
-                kept.append((f.f_code, f.f_lineno))
-            f = f.f_back
+            if not _is_internal(frame.f_code):
+                kept.append((frame.f_code, frame.f_lineno))
+            frame = frame.f_back
         return tuple(kept)
 
     def alive(self) -> list[Origin]:

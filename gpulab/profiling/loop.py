@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gpulab.accel import Accelerator, as_accelerator
+from gpulab.accel import Accelerator, StepMarks, as_accelerator
 from gpulab.profiling.result import LoopProfile
 from gpulab.profiling.workloads import demo_loader, demo_step
 
@@ -123,7 +123,7 @@ def profile_loop(
     if not 0 <= warmup_steps < total:
         raise ValueError(f"warmup_steps must be in [0, {total}), got {warmup_steps!r}")
 
-    rows: list[tuple] = []  # per step: t0, t1, t2, t3, waits (3), events (4)
+    steps: list[StepMarks] = []
     batch_size = None
     accel.begin()
     bar = tqdm(total=total, desc=desc, disable=disable, leave=False)
@@ -132,8 +132,7 @@ def profile_loop(
             it = iter(loader)
             for i in range(num_steps):
                 step = epoch * num_steps + i
-                w0 = accel.waited()
-                t0 = perf_counter()
+                requested = perf_counter()
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -142,21 +141,21 @@ def profile_loop(
                 except Exception as err:
                     err.add_note(f"profile_loop: the loader raised while fetching batch {i} (step {step}, epoch {epoch})")
                     raise
-                t1 = perf_counter()
-                w1 = accel.waited()
-                c0 = accel.record()
+                received = perf_counter()
+                copy_start = accel.record()
                 batch = accel.copy(batch, non_blocking=non_blocking)
-                c1 = accel.record()
-                t2 = perf_counter()
-                w2 = accel.waited()
+                copy_end = accel.record()
+                copied = perf_counter()
+                waited_before = accel.waited()
                 try:
                     step_fn(batch)
                 except Exception as err:
                     err.add_note(f"profile_loop: step_fn raised at step {step} (epoch {epoch}, batch {i})")
                     raise
-                s1 = accel.record()
-                t3 = perf_counter()
-                rows.append((t0, t1, t2, t3, w0, w1, w2, accel.waited(), c0, c1, s1))
+                step_end = accel.record()
+                returned = perf_counter()
+                steps.append(StepMarks(requested, received, copied, returned, waited_before, accel.waited(),
+                                       copy_start, copy_end, step_end))
                 if step + 1 == warmup_steps:
                     accel.synchronize()  # the window starts with an empty queue, not the warm-up's backlog
                 if batch_size is None:
@@ -166,45 +165,29 @@ def profile_loop(
         t_end = perf_counter()
     finally:
         bar.close()
-    return _build(rows[warmup_steps:], t_end, accel, loader, batch_size, epochs)
+    return _build(steps[warmup_steps:], t_end, accel, loader, batch_size, epochs)
 
 
-def _build(rows: list[tuple], t_end: float, accel: Accelerator, loader: Any, batch_size: int | None,
+def _build(steps: list[StepMarks], t_end: float, accel: Accelerator, loader: Any, batch_size: int | None,
            epochs: int) -> LoopProfile:
-    t_start = rows[0][0]
-    host = np.array([r[:4] for r in rows]) - t_start
-    n = len(rows)
-    step_s = np.diff(np.append(host[:, 0], t_end - t_start))
-    data_s = host[:, 1] - host[:, 0]
-    copy_host = host[:, 2] - host[:, 1]
-    in_step = host[:, 3] - host[:, 2]
-    copy_s, sync_s, compute_s, step_wait = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
-    intervals: list[tuple[float, float]] = []
-    exact_waits = accel.waited() is not None
-    for k, (t0, t1, t2, t3, w0, w1, w2, w3, c0, c1, s1) in enumerate(rows):
-        dev_copy = accel.copy_between(c0, c1)
-        copy_s[k] = copy_host[k] if accel.kind == "host" else min(copy_host[k], dev_copy)
-        queue_wait = copy_host[k] - copy_s[k]  # a blocking copy first waits for queued work
-        compute_s[k] = accel.busy_between(c1, s1)
-        d0, d1 = accel.event_time(c1) - t_start, accel.event_time(s1) - t_start
-        if d1 > d0:
-            intervals.append((d0, d1))
-        if accel.kind == "host":
-            wait = 0.0  # the host is the device: step_fn's time is compute, not waiting
-        elif exact_waits:
-            wait = w3 - w2
-        else:  # CUDA: the host waited if it returned just as the device finished the step's work
-            synced = abs((t3 - t_start) - d1) < 1e-3
-            wait = max(0.0, min(t3 - t_start, d1) - max(t2 - t_start, d0)) if synced else 0.0
-        step_wait[k] = min(wait, in_step[k])
-        sync_s[k] = queue_wait + step_wait[k]
-    if accel.kind == "simulated":  # exact intervals: idle gaps inside a step do not count
-        intervals = accel.compute_intervals(t_start, t_end)  # type: ignore[attr-defined]
-    host_s = np.zeros(n) if accel.kind == "host" else in_step - step_wait
+    """Split each step's wall time into phases; times become relative to the window's start."""
+    t_start = steps[0].requested
+    host_times = np.array([(m.requested, m.received, m.copied, m.returned) for m in steps]) - t_start  # (n, 4)
+    # a step lasts from its batch request to the next one's (the last one: to the final drain)
+    step_s = np.diff(np.append(host_times[:, 0], t_end - t_start))
+    data_s, copy_s, sync_s, host_s, compute_s = (np.zeros(len(steps)) for _ in range(5))
+    for k, m in enumerate(steps):
+        data_s[k] = m.data_wait
+        copy_s[k] = accel.copy_seconds(m)
+        queue_wait = m.copy_host - copy_s[k]  # a blocking copy first waits for the queued work
+        sync_s[k] = queue_wait + accel.step_wait(m)
+        host_s[k] = accel.host_work(m)
+        compute_s[k] = accel.busy_between(m.copy_end, m.step_end)
     return LoopProfile(
         mode=accel.kind, device=accel.name, step_s=step_s, data_s=data_s, copy_s=copy_s, sync_s=sync_s,
-        host_s=host_s, compute_s=compute_s, host_times=host, device_intervals=intervals,
-        wall_s=float(t_end - t_start), num_workers=_loader_workers(loader), batch_size=batch_size, epochs=epochs)
+        host_s=host_s, compute_s=compute_s, host_times=host_times,
+        device_intervals=accel.busy_intervals(steps, t_start, t_end), wall_s=float(t_end - t_start),
+        num_workers=_loader_workers(loader), batch_size=batch_size, epochs=epochs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,11 +65,13 @@ class LoopProfile:
         """Host-side shares of the wall time (``data``, ``copy``, ``sync``, ``host``, ``other``)
         plus ``compute``, the device's busy share."""
         w = max(self.wall_s, 1e-12)
-        f = {"data": self.data_s.sum() / w, "copy": self.copy_s.sum() / w,
-             "sync": self.sync_s.sum() / w, "host": self.host_s.sum() / w}
-        f = {k: float(v) for k, v in f.items()}
-        host_compute = self.compute_s.sum() / w if self.mode == "host" else 0.0  # the host is the device
-        f["other"] = max(0.0, 1.0 - sum(f.values()) - host_compute)  # loop overhead, final drain of the queue
+        f = {"data": float(self.data_s.sum() / w), "copy": float(self.copy_s.sum() / w),
+             "sync": float(self.sync_s.sum() / w), "host": float(self.host_s.sum() / w)}
+        # other: the wall time outside every step's marked span, from its batch request to step_fn's
+        # return (the loop's own overhead, the final drain of the queue). Inside the spans the four
+        # phases add up, except on the host device, where step_fn's time is compute instead.
+        in_steps = float((self.host_times[:, 3] - self.host_times[:, 0]).sum())
+        f["other"] = max(0.0, 1.0 - in_steps / w)
         f["compute"] = self.busy_fraction
         return f
 

@@ -1,8 +1,8 @@
 """Model and pipeline parallelism (lab 07): a model split over devices, then micro-batches.
 
 - ``split``: :func:`split_model` cuts a model into stages on logical devices (``SplitModel``);
-- ``gpipe``: :class:`PipelinedModel`, GPipe's fill and drain over micro-batches (a thread per
-  stage on CPU; ``streams`` is the CUDA-stream schedule);
+- ``gpipe``: :class:`PipelinedModel`, GPipe's fill and drain over micro-batches; ``threads`` is
+  its CPU schedule (a thread per stage), ``streams`` its CUDA-stream schedule;
 - ``bubble``: the bubble fraction, measured and predicted, and the Gantt chart;
 - ``timing``: step timing, and one intra-op thread per stage; ``norms``: BatchNorm to GroupNorm.
 """

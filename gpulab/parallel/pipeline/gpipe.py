@@ -10,20 +10,23 @@ every micro-batch's forward, fill and drain, then every micro-batch's backward, 
 
 How the stages overlap depends on the devices:
 
-- **Real GPUs** (every logical device on ``cuda``): one host thread launches the work, each stage
-  on its own CUDA stream; kernels are asynchronous, so device 0 computes micro-batch j + 1 while
-  device 1 computes j, as in the tutorial. Events order each hand-off between streams. Backward is
-  autograd's, which runs every op on its forward op's stream (one autograd thread per GPU).
-- **Logical devices sharing the CPU**: one Python thread per stage, with a queue between
-  neighbours. torch releases the GIL inside its kernels, so two stages really compute at the same
-  time on two cores. Backward is pipelined the same way: each stage thread back-propagates its
-  own part of each micro-batch's graph and hands the input gradient to the stage before it.
+- **Real GPUs** (every logical device on ``cuda``; :mod:`~gpulab.parallel.pipeline.streams`): one
+  host thread launches the work, each stage on its own CUDA stream; kernels are asynchronous, so
+  device 0 computes micro-batch j + 1 while device 1 computes j, as in the tutorial. Events order
+  each hand-off between streams. Backward is autograd's, which runs every op on its forward op's
+  stream (one autograd thread per GPU).
+- **Logical devices sharing the CPU** (:mod:`~gpulab.parallel.pipeline.threads`): one Python
+  thread per stage, with a queue between neighbours. torch releases the GIL inside its kernels,
+  so two stages really compute at the same time on two cores. Backward is pipelined the same
+  way: each stage thread back-propagates its own part of each micro-batch's graph and hands the
+  input gradient to the stage before it.
 
 Warning:
     Model each logical device as **one core**: run the compared variants inside
     :func:`intra_op_threads(1) <gpulab.parallel.pipeline.timing.intra_op_threads>`.
-    ``torch.set_num_threads`` is process-wide, so without it a pipelined run puts two stages x all cores of intra-op threads on the machine, and
-    a single-device run gets every core for itself: neither compares devices.
+    ``torch.set_num_threads`` is process-wide, so without it a pipelined run puts two stages x
+    all cores of intra-op threads on the machine, and a single-device run gets every core for
+    itself: neither compares devices.
 
 Warning:
     BatchNorm in training mode normalises each micro-batch with its own statistics, so a
@@ -36,10 +39,7 @@ Warning:
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
-from typing import Any, Callable, Sequence
+import math
 
 import torch
 from torch import nn
@@ -50,145 +50,52 @@ from gpulab.devices import registry as _placement
 from gpulab.parallel import comm
 from gpulab.parallel.pipeline.bubble import StageEvent
 from gpulab.parallel.pipeline.split import SplitModel
+from gpulab.parallel.pipeline.streams import forward_streams
+from gpulab.parallel.pipeline.threads import StageThreads
 
 __all__ = ["PipelinedModel"]
 
-_STOP = object()  # tells a stage thread that the stage before it failed
+_Run = StageThreads  # its former name in this module; gpulab.grading.lab07 lists it among the references
 
 
-def _noted(err: BaseException, stage: int, device: LogicalDevice, micro_batch: int, phase: str) -> BaseException:
-    """The stage's own exception (same type, so ``except OutOfMemoryError`` still works), with a
-    note naming the stage; Python prints notes under the message."""
-    note = f"raised in pipeline stage {stage} (on {device!r}), micro-batch {micro_batch}, {phase}"
-    if note not in getattr(err, "__notes__", ()):
-        err.add_note(note)
-    return err
-
-
-class _Run:
-    """One pipelined call on the CPU: the schedule, the saved per-stage graphs and the timeline."""
-
-    def __init__(self, pipe: "PipelinedModel") -> None:
-        self.stages, self.devices = list(pipe.split.stages), pipe.split.devices
-        self.overlap = pipe.overlap
-        self.timeline: list[StageEvent] = []
-        self.t0 = time.perf_counter()
-        self.saved: list[list[Any]] = []
-
-    def chain(self, order: Sequence[int], items: list[Any], work: Callable[[int, int, Any], Any],
-              phase: str, grad: bool) -> list[Any]:
-        """Push each item through the stages in ``order``: ``work(stage, j, item)`` returns what
-        the next stage gets. Returns what the last stage of ``order`` produced, per item."""
-        def timed(s: int, j: int, item: Any) -> Any:
-            start = time.perf_counter() - self.t0
-            try:
-                out = work(s, j, item)
-            except BaseException as err:
-                raise _noted(err, s, self.devices[s], j, phase) from None
-            self.timeline.append(StageEvent(s, j, phase, start, time.perf_counter() - self.t0))
-            return out
-
-        if not self.overlap:  # the same work, one micro-batch after the other, in this thread
-            outs = []
-            with torch.set_grad_enabled(grad):
-                for j, item in enumerate(items):
-                    for s in order:
-                        with self.devices[s]:
-                            item = timed(s, j, item)
-                    outs.append(item)
-            return outs
-
-        pipes = [queue.SimpleQueue() for _ in range(len(order) + 1)]  # unbounded: a put never blocks
-        for item in items:
-            pipes[0].put(item)
-        failed = threading.Event()
-        errors: list[BaseException] = []
-
-        def stage_thread(p: int) -> None:
-            s, done = order[p], 0
-            try:
-                with torch.set_grad_enabled(grad), self.devices[s]:  # both are per thread
-                    for j in range(len(items)):
-                        item = pipes[p].get()
-                        if item is _STOP or failed.is_set():
-                            break
-                        pipes[p + 1].put(timed(s, j, item))
-                        done += 1
-            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-                errors.append(err)
-                failed.set()
-            finally:
-                if done < len(items):
-                    pipes[p + 1].put(_STOP)  # the next stage must not wait for what will not come
-
-        threads = [threading.Thread(target=stage_thread, args=(p,), name=f"gpulab-stage{order[p]}-{phase}",
-                                    daemon=True) for p in range(len(order))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]  # the first failure; the others stopped because of it
-        return [pipes[-1].get() for _ in items]
-
-    def forward(self, micro: list[torch.Tensor], grad: bool, input_grad: bool) -> list[torch.Tensor]:
-        """Run every micro-batch through every stage; with ``grad``, keep each stage's graph."""
-        num = len(self.stages)
-        self.saved = [[None] * len(micro) for _ in range(num)]
-
-        def work(s: int, j: int, item: tuple[torch.Tensor, bool]) -> tuple[torch.Tensor, bool]:
-            received, needs_grad = item  # detached: the graph of the stage before ends there
-            leaf = received.detach().requires_grad_() if needs_grad else received
-            # the copy is part of this stage's graph, so the stage gets a non-leaf input (in-place
-            # layers work) and the gradient lands on the device of the stage before (leaf.grad)
-            out = self.stages[s](comm.to(leaf, self.devices[s]))
-            if grad:
-                self.saved[s][j] = (leaf if needs_grad else None, out)
-                return out.detach(), out.requires_grad
-            return out, False
-
-        items = [(m, grad and input_grad) for m in micro]
-        return [out for out, _ in self.chain(range(num), items, work, "forward", grad)]
-
-    def backward(self, grads: list[torch.Tensor]) -> list[torch.Tensor | None]:
-        if not self.saved or all(g is None for row in self.saved for g in row):
-            raise RuntimeError("backward through a PipelinedModel output twice: its graph was freed after "
-                               "the first backward (retain_graph is not supported); run forward again")
-
-        def work(s: int, j: int, grad: torch.Tensor | None) -> torch.Tensor | None:
-            x, out = self.saved[s][j]
-            self.saved[s][j] = None  # free this micro-batch's activations as soon as they are used
-            if grad is None or not out.requires_grad:
-                return None
-            torch.autograd.backward(out, grad)  # accumulates into the stage's .grad
-            return None if x is None else x.grad  # on the device of the stage before
-
-        return self.chain(range(len(self.stages) - 1, -1, -1), grads, work, "backward", False)
+def _concat(outs: list[torch.Tensor], device: LogicalDevice) -> torch.Tensor:
+    """The micro-batches' outputs as one batch on ``device``, tagged with it."""
+    with device:
+        out = torch.cat(outs)  # M x (rows_j, ...) -> (B, ...)
+    _placement.tag(out, device)
+    return out
 
 
 class _PipelineFunction(torch.autograd.Function):
-    """Autograd sees the whole pipeline as one op: forward and backward run the stage threads."""
+    """Autograd sees the whole pipeline as one op: forward and backward run the stage threads.
+
+    Why the parameters are inputs (``*params``) although ``forward`` never reads them: autograd
+    calls an op's ``backward`` only if one of its inputs requires grad. When ``x`` needs no
+    gradient (a model's first layer is fed data), the parameters are the only inputs that do;
+    without them the output would not require grad, ``loss.backward()`` would never reach the
+    pipeline, and no stage would get its gradients. ``backward`` still returns None for them:
+    each stage's own ``torch.autograd.backward`` accumulates into its parameters' ``.grad``.
+    """
 
     @staticmethod
-    def forward(ctx, run: _Run, x: torch.Tensor, split_size: int, *params: torch.Tensor) -> torch.Tensor:
-        micro = list(x.detach().split(split_size))  # views: (split_size, ...) each, the last maybe smaller
+    def forward(ctx, run: StageThreads, x: torch.Tensor, split_size: int, *params: torch.Tensor) -> torch.Tensor:
+        micro = list(x.detach().split(split_size))  # M views of (split_size, ...), the last maybe smaller
         outs = run.forward(micro, grad=True, input_grad=x.requires_grad)
         ctx.run, ctx.sizes, ctx.source = run, [m.size(0) for m in micro], placement(x)
-        with run.devices[-1]:
-            out = torch.cat(outs)
-        _placement.tag(out, run.devices[-1])
-        return out
+        return _concat(outs, run.devices[-1])  # (B, ...)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        grads = ctx.run.backward(list(grad.split(ctx.sizes)))
-        n_params = len(ctx.needs_input_grad) - 3
+        grads = ctx.run.backward(list(grad.split(ctx.sizes)))  # (B, ...) -> M x (rows_j, ...)
+        # one gradient per forward input: run, x, split_size, then every parameter (None: the
+        # stages already accumulated theirs into .grad)
+        no_param_grads = [None] * (len(ctx.needs_input_grad) - 3)
         if not ctx.needs_input_grad[1] or any(g is None for g in grads):
-            return (None, None, None, *[None] * n_params)
+            return None, None, None, *no_param_grads
         with ctx.run.devices[0]:
-            grad_x = torch.cat(grads)
-        return (None, comm.to(grad_x, ctx.source), None, *[None] * n_params)
+            grad_x = torch.cat(grads)  # (B, ...) on stage 0's device
+        return None, comm.to(grad_x, ctx.source), None, *no_param_grads
 
 
 class PipelinedModel(nn.Module):
@@ -265,28 +172,27 @@ class PipelinedModel(nn.Module):
 
     def num_micro_batches(self, batch_size: int) -> int:
         """How many micro-batches a batch of ``batch_size`` rows makes (the last may be smaller)."""
-        return -(-batch_size // self.split_size)
+        return math.ceil(batch_size / self.split_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The split model's output for ``x`` (B rows), computed in micro-batches of ``split_size`` rows.
+
+        Raises:
+            ValueError: if ``x`` is not a tensor with at least one row along dim 0.
+        """
         if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.size(0) == 0:
             raise ValueError(f"PipelinedModel needs a batch with at least one row along dim 0, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         if self.uses_streams:
-            from gpulab.parallel.pipeline.streams import forward_streams
-
-            outs, self.timeline = forward_streams(list(self.split.stages), self.devices,
-                                                  list(x.split(self.split_size)), self.overlap)
-            with self.devices[-1]:
-                out = torch.cat(outs)
-            _placement.tag(out, self.devices[-1])
-            return out
-        run = _Run(self)
+            micro = list(x.split(self.split_size))  # M views of (split_size, ...), the last maybe smaller
+            outs, self.timeline = forward_streams(list(self.split.stages), self.devices, micro, self.overlap)
+            return _concat(outs, self.devices[-1])  # (B, ...)
+        run = StageThreads(self.split.stages, self.devices, self.overlap)
         self.timeline = run.timeline  # the same list: backward appends its events to it
         params = [p for p in self.split.parameters() if p.requires_grad]
         if torch.is_grad_enabled() and (x.requires_grad or params):
+            # the parameters go in as inputs so that autograd calls the pipeline's backward (see
+            # _PipelineFunction)
             return _PipelineFunction.apply(run, x, self.split_size, *params)
         outs = run.forward(list(x.split(self.split_size)), grad=False, input_grad=False)
-        with self.devices[-1]:
-            out = torch.cat(outs)
-        _placement.tag(out, self.devices[-1])
-        return out
+        return _concat(outs, self.devices[-1])  # (B, ...)

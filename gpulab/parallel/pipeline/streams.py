@@ -22,7 +22,7 @@ Not run in CI (no GPU there): the tests marked ``gpu`` / ``multigpu`` cover it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -34,6 +34,16 @@ from gpulab.parallel.pipeline.bubble import StageEvent
 __all__ = ["forward_streams"]
 
 
+class _Mark(NamedTuple):
+    """CUDA events around one stage's work on one micro-batch, read into a StageEvent later."""
+
+    stage: int
+    micro_batch: int
+    origin: torch.cuda.Event  # the start mark of the stage's GPU: events time only against their own GPU's
+    start: torch.cuda.Event
+    end: torch.cuda.Event
+
+
 def forward_streams(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], micro: list[torch.Tensor],
                     overlap: bool = True) -> tuple[list[torch.Tensor], list[StageEvent]]:
     """Pipeline the micro-batches through the stages on CUDA streams.
@@ -42,7 +52,7 @@ def forward_streams(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice
         The last stage's output for each micro-batch (ready on the caller's current stream of the
         last device) and the timeline, timed with CUDA events.
     """
-    num, m = len(stages), len(micro)
+    num, m = len(stages), len(micro)  # S stages, M micro-batches
     streams = [torch.cuda.Stream(device=d.physical) for d in devices]
     for st, d in zip(streams, devices):
         st.wait_stream(torch.cuda.current_stream(d.physical))  # the input and weights are ready
@@ -50,10 +60,12 @@ def forward_streams(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice
     for d in dict.fromkeys(d.physical for d in devices):
         origins[d] = torch.cuda.Event(enable_timing=True)
         origins[d].record(torch.cuda.current_stream(d))
+    # handoff[s][j]: stage s's output for micro-batch j, already on stage s + 1's device, and the
+    # event recorded after its copy; taken (and cleared) by stage s + 1
     handoff: list[list[tuple[torch.Tensor, torch.cuda.Event] | None]] = [[None] * m for _ in range(num)]
-    marks: list[tuple[int, int, torch.cuda.Event, torch.cuda.Event, torch.cuda.Event]] = []
+    marks: list[_Mark] = []
     outs: list[torch.Tensor | None] = [None] * m
-    for tick in range(m + num - 1):
+    for tick in range(m + num - 1):  # stage s runs micro-batch tick - s: M + S - 1 ticks fill and drain
         for s in reversed(range(num)):  # downstream first: its input is from an earlier tick
             j = tick - s
             if not 0 <= j < m:
@@ -81,7 +93,7 @@ def forward_streams(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice
                     handoff[s][j] = (out, ready)
                 else:
                     outs[j] = out
-            marks.append((s, j, origins[dev.physical], start, end))
+            marks.append(_Mark(s, j, origins[dev.physical], start, end))
             if not overlap:
                 st.synchronize()  # the host waits: nothing else is launched meanwhile
     last = torch.cuda.current_stream(devices[-1].physical)
@@ -95,16 +107,18 @@ class _Timeline(list):
     """StageEvents read lazily from CUDA events: reading them waits for the GPU, so only the
     caller who looks at ``timeline`` pays for it."""
 
-    def __init__(self, marks: list) -> None:
+    def __init__(self, marks: list[_Mark]) -> None:
         super().__init__()
         self._marks = marks
 
     def _resolve(self) -> None:
         if self._marks:
-            for s, j, origin, start, end in self._marks:
-                end.synchronize()
-                self.append(StageEvent(s, j, "forward", origin.elapsed_time(start) / 1e3,
-                                       origin.elapsed_time(end) / 1e3))
+            for mark in self._marks:
+                mark.end.synchronize()
+                # elapsed_time is in milliseconds; StageEvents are in seconds from the origin
+                self.append(StageEvent(mark.stage, mark.micro_batch, "forward",
+                                       mark.origin.elapsed_time(mark.start) / 1e3,
+                                       mark.origin.elapsed_time(mark.end) / 1e3))
             self._marks = []
 
     def __iter__(self):
