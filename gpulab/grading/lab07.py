@@ -33,18 +33,18 @@ from gpulab.grading import GradingError
 from gpulab.parallel.pipeline import (
     PipelinedModel,
     bubble_fraction,
-    gpipe,
     measured_bubble,
 )
 from gpulab.parallel.pipeline.split import SplitModel, split_model
 from gpulab.parallel.pipeline.streams import forward_streams
+from gpulab.parallel.pipeline.threads import StageThreads
 from gpulab.parallel.pipeline.timing import intra_op_threads, time_interleaved
 
 __all__ = ["run_with_timeout", "check_stages_overlap", "check_overlap_speedup", "OverlapResult", "REFERENCES"]
 
 # gpulab's reference implementations of lab 07's exercises (the ``forbidden`` of check_not_calling):
 # the pipeline's schedule classes are listed too, so that calling into them is caught as well
-REFERENCES: tuple = (split_model, SplitModel, PipelinedModel, gpipe._Run, forward_streams, bubble_fraction, measured_bubble)
+REFERENCES: tuple = (split_model, SplitModel, PipelinedModel, StageThreads, forward_streams, bubble_fraction, measured_bubble)
 
 PipelinedForward = Callable[[Sequence[nn.Module], Sequence[LogicalDevice], torch.Tensor, int], torch.Tensor]
 
