@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gpulab.devices.logical import LogicalDevice
+from gpulab.devices.physical import cuda_device_count
 
 __all__ = ["DeviceMemory", "MemoryReport", "format_bytes", "cuda_allocator_stats", "oom_message", "plot_timeline"]
 
@@ -33,7 +34,7 @@ def cuda_allocator_stats(physical: torch.device) -> dict[str, int] | None:
     if physical.type != "cuda":
         return None
     try:
-        if not torch.cuda.is_available():
+        if cuda_device_count() == 0:
             return None
         stats = torch.cuda.memory_stats(physical)
     except Exception:  # noqa: BLE001 - a broken driver must not break a report
