@@ -15,14 +15,12 @@ Example::
 
     ds = SyntheticImages(1024, decode_repeats=8)           # uint8 (3, 32, 32) images, int labels
     x, y = ds[0]
-    ds.sample_cost()                                      # measured seconds per sample, here
     slow = SyntheticImages(1024, decode_repeats=8, normalize=(MEAN, STD))   # float32 on the CPU
 """
 
 from __future__ import annotations
 
 import random
-import time
 import zlib
 from typing import Sequence
 
@@ -146,12 +144,3 @@ class SyntheticImages(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         img, label = self.load(index)
         return self.transform(img), label
-
-    def sample_cost(self, num_samples: int = 64) -> float:
-        """Median seconds for one ``__getitem__`` on this machine (decode + augment + normalise)."""
-        times = []
-        for k in range(num_samples):
-            t0 = time.perf_counter()
-            self[k % self.num_samples]
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))

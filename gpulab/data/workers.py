@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Any
 
@@ -160,8 +160,3 @@ def measure_loader(loader: Any, num_batches: int | None = None, epochs: int = 1)
 def _batch_len(batch: Any) -> int:
     tensors = tree_tensors(batch)  # the first tensor's rows; a batch without tensors counts as one sample
     return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 1
-
-
-def config_dict(cfg: LoaderConfig) -> dict[str, Any]:
-    """The config's fields as a dict (for tables)."""
-    return asdict(cfg)
