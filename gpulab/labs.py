@@ -38,8 +38,3 @@ LABS: tuple[Lab, ...] = (
     Lab("08_oom", "out of memory", "leaks, no_grad, max batch size, AMP, checkpointing, shape summary", 1,
         "{physical}, memory metered by MemoryMeter under a budget"),
 )
-
-
-def lab_ids() -> list[str]:
-    """The lab folder names, in course order."""
-    return [lab.id for lab in LABS]

@@ -105,7 +105,6 @@ def test_timings_arithmetic_is_that_of_the_recorded_numbers():
     t = Timings(wall={"a": [2.0, 4.0, 3.0], "b": [1.0, 1.0, 2.0]}, cpu={"a": [2.0, 4.0, 3.0], "b": [2.0, 2.0, 4.0]})
     assert t.median("a") == 3.0 and t.median("b") == 1.0
     assert t.speedup("a", "b") == 3.0
-    assert t.pair_speedup("a", "b") == 2.0  # per-round ratios 2, 4, 1.5
     assert t.cores("a") == 1.0 and t.cores("b") == 2.0
     assert "3000.0 ms" in t.table() and "2.00 cores" in t.table()
 

@@ -43,10 +43,10 @@ from gpulab.devices.registry import LOCK, register, storage_of
 from gpulab.devices.validate import check_device, check_devices
 from gpulab.memory import threads
 from gpulab.memory.attribution import MeterMode
-from gpulab.memory.ledger import Ledger
+from gpulab.memory.ledger import _Ledger
 from gpulab.memory.report import (
     MemoryReport,
-    cuda_allocator_stats,
+    _cuda_allocator_stats,
     format_bytes,
     plot_timeline,
 )
@@ -92,7 +92,7 @@ class MemoryMeter:
 
     def __init__(self, budget: int | None = None, *, devices: Iterable[LogicalDevice] | None = None,
                  timeline: bool = True) -> None:
-        self._ledger = Ledger(_check_budget(budget), timeline)
+        self._ledger = _Ledger(_check_budget(budget), timeline)
         self._devices = check_devices(devices, usable=False) if devices else []
         for d in self._devices:
             self._ledger.see(d)
@@ -133,7 +133,7 @@ class MemoryMeter:
             raise RuntimeError("a MemoryMeter must be exited in the thread that entered it")
         if _get_current_dispatch_mode() is not self._mode:
             raise RuntimeError("nested MemoryMeters (and dispatch modes) must be exited innermost first")
-        threads.unfollow(self)
+        threads._unfollow(self)
         if self._devices:
             placement.pop_scope(tuple(self._devices))
         with LOCK:
@@ -262,7 +262,7 @@ class MemoryMeter:
             rows = self._ledger.rows()
         cuda = {}
         for phys in dict.fromkeys(r.device.physical for r in rows):
-            stats = cuda_allocator_stats(phys)
+            stats = _cuda_allocator_stats(phys)
             if stats:
                 cuda[str(phys)] = stats
         return MemoryReport(rows, self._ledger.budget, cuda)

@@ -33,10 +33,6 @@ class Timings:
         """How many times faster ``candidate`` is than ``baseline`` (ratio of medians)."""
         return self.median(baseline) / self.median(candidate)
 
-    def pair_speedup(self, baseline: str, candidate: str) -> float:
-        """Median over rounds of the per-round ratio (the two ran next to each other)."""
-        return statistics.median(b / c for b, c in zip(self.wall[baseline], self.wall[candidate]))
-
     def cores(self, name: str) -> float:
         """Average cores the variant used: process CPU seconds / wall seconds."""
         return sum(self.cpu[name]) / sum(self.wall[name])
