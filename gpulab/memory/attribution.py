@@ -23,6 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+# TorchDispatchMode lives in a private module, but it is the documented way to see every op (the
+# __torch_dispatch__ tutorials import it from here); storages are keyed by ``_cdata`` as in registry.py
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.devices import default_device, logical

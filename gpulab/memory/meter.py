@@ -131,6 +131,7 @@ class MemoryMeter:
             raise RuntimeError("this MemoryMeter is not active: use it as `with meter:`")
         if threading.get_ident() != self._owner:
             raise RuntimeError("a MemoryMeter must be exited in the thread that entered it")
+        # _get_current_dispatch_mode is private torch API: the only way to ask which mode is innermost
         if _get_current_dispatch_mode() is not self._mode:
             raise RuntimeError("nested MemoryMeters (and dispatch modes) must be exited innermost first")
         threads._unfollow(self)
