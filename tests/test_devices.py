@@ -50,7 +50,7 @@ def test_bad_world_size_names_the_fix(bad) -> None:
 
 def test_this_machine_agrees_with_torch() -> None:
     spec = MachineSpec.this_machine()
-    assert spec.cuda_build == (torch.version.cuda is not None)
+    assert spec.cuda_build == (torch.version.cuda is not None or torch.version.hip is not None)
     assert spec.usable_gpus == devices.cuda_device_count()
 
 
