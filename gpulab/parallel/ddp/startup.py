@@ -66,10 +66,9 @@ def rank_device(rank: int | None = None) -> torch.device:
     """The device a rank should compute on: its GPU from :func:`~gpulab.devices.place_ranks` under
     nccl (``cuda:<local rank>``), else the CPU.
 
-    Under gloo the CPU is kept even on a GPU machine:
-    gloo was chosen because the ranks cannot each own a GPU (or NCCL is missing), gloo usually copies
-    CUDA tensors through host memory anyway, and it implements only some collectives for CUDA
-    tensors, so CPU tensors are the case that always works.
+    Under gloo the CPU is kept even on a GPU machine: gloo was chosen because the ranks cannot each
+    own a GPU (or NCCL is missing), gloo usually copies CUDA tensors through host memory anyway, and
+    it implements only some collectives for CUDA tensors, so CPU tensors are the case that always works.
 
     Call it inside a launched (or torchrun-started) rank, after the process group is initialised.
 
