@@ -40,8 +40,3 @@ LABS: tuple[Lab, ...] = (
     Lab("09_sharding", "sharded data parallelism", "bytes per rank, ZeRO-1 written from scratch, no_sync accumulation, FSDP2", 2,
         "2 and 4 gloo processes sharing {physical}"),
 )
-
-
-def lab_ids() -> list[str]:
-    """The lab folder names, in course order."""
-    return [lab.id for lab in LABS]

@@ -119,5 +119,6 @@ def test_compare_reads_takes_turns_and_reports_per_sample_medians() -> None:
     log: list[str] = []
     result = compare_reads(lambda i: log.append("a"), range(100), lambda i: (log.append("b"), time.sleep(0.002)),
                            range(100), repeats=3, max_seconds=0.0)
-    assert log == (["a"] * 8 + ["b"] * 8) * 3  # min_samples each, in turns
+    a, b = ["a"] * 8, ["b"] * 8  # min_samples each: a first pass each, then turns, rotating who starts
+    assert log == a + b + (a + b) + (b + a) + (a + b)
     assert result.candidate_s >= 0.002 > result.baseline_s and result.speedup < 1

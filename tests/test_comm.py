@@ -129,7 +129,7 @@ def test_a_device_that_is_not_logical_names_the_fix(devs, bad) -> None:
     x = torch.randn(2)
     with pytest.raises(TypeError, match=r"logical_devices\(n\)"):
         comm.to(x, bad)
-    with pytest.raises(TypeError, match=r"logical_devices\(n\)"):
+    with pytest.raises(TypeError, match=r"logical_devices\(2\)"):
         comm.scatter(x, [devs[0], bad])
     with pytest.raises(TypeError, match=r"logical_devices\(n\)"):
         comm.gather([x, x], bad)
@@ -143,9 +143,9 @@ def test_a_gpu_the_machine_lacks_is_refused() -> None:
 
 def test_bad_lists_and_shapes(devs) -> None:
     x = torch.randn(4, 2)
-    with pytest.raises(ValueError, match="non-empty list"):
+    with pytest.raises(ValueError, match="devices is empty"):
         comm.scatter(x, [])
-    with pytest.raises(ValueError, match="non-empty list"):
+    with pytest.raises(TypeError, match="must be a list of LogicalDevice"):
         comm.broadcast(x, devs[0])
     with pytest.raises(ValueError, match="twice"):
         comm.broadcast(x, [devs[0], devs[1], devs[0]])

@@ -14,7 +14,6 @@ def test_physical_devices_match_torch() -> None:
     expected = [torch.device("cuda", i) for i in range(n)] or [torch.device("cpu")]
     assert devices.physical_devices() == expected
     assert devices.default_device() == expected[0]
-    assert devices.try_gpu(n) == torch.device("cpu")  # one past the last GPU falls back
 
 
 def test_broken_cuda_counts_as_no_gpu(monkeypatch) -> None:
@@ -51,7 +50,7 @@ def test_bad_world_size_names_the_fix(bad) -> None:
 
 def test_this_machine_agrees_with_torch() -> None:
     spec = MachineSpec.this_machine()
-    assert spec.cuda_build == (torch.version.cuda is not None)
+    assert spec.cuda_build == (torch.version.cuda is not None or torch.version.hip is not None)
     assert spec.usable_gpus == devices.cuda_device_count()
 
 

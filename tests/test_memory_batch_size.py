@@ -11,6 +11,7 @@ from torch import nn
 
 from gpulab.devices import logical_devices
 from gpulab.memory import MemoryMeter, find_max_batch_size
+from gpulab.memory.batch_size import bisect_largest
 from gpulab.models import SmallCNN
 
 F32 = 4
@@ -124,3 +125,20 @@ def test_real_gpu_search_finds_a_size_that_fits() -> None:
     free, _ = torch.cuda.mem_get_info()
     best = find_max_batch_size(step, 1, 2 * free // (4 * 2**20), device="cuda")
     assert 0 < best * 4 * 2**20 <= free
+
+
+@pytest.mark.parametrize("threshold,good,bad,multiple", [(37, 1, 500, 1), (1, 1, 2, 1), (499, 1, 500, 1),
+                                                         (100, 4, 512, 4), (7, 4, 8, 4), (1000, 8, 1024, 8)])
+def test_bisect_largest_is_the_brute_force_answer_in_log_calls(threshold, good, bad, multiple) -> None:
+    """The one bisection under find_max_batch_size and step_memory.largest_batch."""
+    calls = []
+
+    def fits(b: int) -> bool:
+        calls.append(b)
+        return b <= threshold
+
+    want = max(b for b in range(good, bad, multiple) if fits(b))
+    calls.clear()
+    assert bisect_largest(fits, good, bad, multiple) == want
+    assert all(b % multiple == 0 and good < b < bad for b in calls)
+    assert len(calls) <= math.ceil(math.log2(max(2, (bad - good) // multiple))) + 1

@@ -103,7 +103,6 @@ def test_simulated_accelerator_reads_like_gpu_util() -> None:
         _wait_for_samples(mon, 3)
     util = mon.arrays()["sim_util"][:, 0]
     assert len(util) >= 3 and np.all(util > 95)
-    assert "simulated" in mon.gpu_names[0]
 
 
 def test_no_thread_is_left_running_after_an_exception() -> None:
@@ -146,11 +145,9 @@ def _spin_child(seconds: float) -> None:
 
 def test_child_processes_count_toward_this_process() -> None:
     ctx = mp.get_context("fork")
+    child = ctx.Process(target=_spin_child, args=(0.6,))
+    child.start()  # before the monitor, so its first scan finds the child (it rescans every 2 s)
     with UtilizationMonitor(interval=0.05, nvml=False) as mon:
-        child = ctx.Process(target=_spin_child, args=(0.6,))
-        child.start()
-        time.sleep(0.1)
-        mon._tree.rescan_soon()  # look for the child now rather than in 2 s
         child.join()
     # the main thread only sleeps; anything well above zero is the child's spinning
     assert mon.arrays()["process"].max() > 20

@@ -15,7 +15,7 @@ import pytest
 from conftest import COURSE
 
 from gpulab.course.nbgrader_cli import find_labs
-from gpulab.labs import lab_ids
+from gpulab.labs import LABS as TABLE
 
 LABS = find_labs(COURSE)
 
@@ -25,7 +25,7 @@ def _notebooks(lab: str) -> list[Path]:
 
 
 def test_every_lab_in_the_table_has_a_folder_or_none_yet() -> None:
-    unknown = set(LABS) - set(lab_ids())
+    unknown = set(LABS) - {lab.id for lab in TABLE}
     assert not unknown, f"lab folders missing from gpulab.labs.LABS: {unknown}"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -105,7 +106,6 @@ def test_timings_arithmetic_is_that_of_the_recorded_numbers():
     t = Timings(wall={"a": [2.0, 4.0, 3.0], "b": [1.0, 1.0, 2.0]}, cpu={"a": [2.0, 4.0, 3.0], "b": [2.0, 2.0, 4.0]})
     assert t.median("a") == 3.0 and t.median("b") == 1.0
     assert t.speedup("a", "b") == 3.0
-    assert t.pair_speedup("a", "b") == 2.0  # per-round ratios 2, 4, 1.5
     assert t.cores("a") == 1.0 and t.cores("b") == 2.0
     assert "3000.0 ms" in t.table() and "2.00 cores" in t.table()
 
@@ -119,6 +119,27 @@ def test_time_interleaved_rotates_the_order_and_checks_its_arguments():
         time_interleaved({"a": lambda: None}, repeats=0)
     with pytest.raises(ValueError, match="at least one variant"):
         time_interleaved({})
+
+
+def test_time_interleaved_calls_before_each_untimed_before_every_call(monkeypatch):
+    from gpulab.profiling import interleave
+
+    clock = [0.0]  # a fake clock: the barrier takes 100 s, a variant 1 s
+    monkeypatch.setattr(interleave, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                  process_time=lambda: clock[0]))
+
+    def variant(name):
+        calls.append(name)
+        clock[0] += 1.0
+
+    def barrier():
+        calls.append("|")
+        clock[0] += 100.0
+
+    calls = []
+    timings = time_interleaved({n: (lambda n=n: variant(n)) for n in "ab"}, repeats=2, warmup=1, before_each=barrier)
+    assert calls == ["|", "a", "|", "b", "|", "a", "|", "b", "|", "b", "|", "a"]
+    assert timings.wall == {"a": [1.0, 1.0], "b": [1.0, 1.0]}, "the barrier's time is not the variant's"
 
 
 def test_train_step_is_one_sgd_step_of_the_whole_model(devices):

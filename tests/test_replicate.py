@@ -67,6 +67,7 @@ def test_buffers_follow_torch_replica_0_shares_the_others_copy(devs) -> None:
 def test_replicas_run_concurrently_without_sharing_state(devs) -> None:
     """Each thread reads its own replica's weights (functional_call on one module would race)."""
     model = nn.Linear(64, 64)
+    nn.init.zeros_(model.bias)  # 64 + b - b is not always 64.0 in float32: keep the sums exact
     replicas = replicate(model, devs)
     for i, r in enumerate(replicas[1:], 1):
         r.__dict__["weight"] = torch.full((64, 64), float(i))  # make the replicas tell apart

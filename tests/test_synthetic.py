@@ -22,7 +22,6 @@ def test_deterministic_by_seed_uint8_with_labels() -> None:
         assert img.dtype == torch.uint8 and img.shape == (3, 32, 32) and 0 <= label < 10
         assert torch.equal(img, b.load(i)[0]) and label == b.load(i)[1]
     assert any(not torch.equal(a.load(i)[0], c.load(i)[0]) for i in range(16))
-    assert a.compressed_bytes < 16 * 3 * 32 * 32  # stored compressed, like image files
 
 
 def test_each_access_really_inflates_the_buffer(monkeypatch) -> None:

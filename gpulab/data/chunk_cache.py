@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import bisect
 import io
+import itertools
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 import h5py
 
-from gpulab.profiling.interleave import SpeedComparison
+from gpulab.profiling.interleave import SpeedComparison, time_interleaved
 
 __all__ = ["CacheConfig", "suggest_cache", "next_prime", "ChunkCacheStats", "measure_chunk_cache",
            "simulate_chunk_cache", "time_reads", "compare_reads"]
@@ -232,6 +232,20 @@ def simulate_chunk_cache(indices: Iterable[int], chunk_rows: int, chunk_nbytes: 
     return ChunkCacheStats(samples, samples, misses, misses * chunk_nbytes)
 
 
+def _timed_pass(read: Callable[[int], Any], indices: Sequence[int], max_seconds: float,
+                min_samples: int) -> tuple[float, int]:
+    """(seconds, reads) of one pass over ``indices`` in order, stopping after ``max_seconds`` once
+    ``min_samples`` reads are done."""
+    t0 = time.perf_counter()
+    n = 0
+    for i in indices:
+        read(int(i))
+        n += 1
+        if n >= min_samples and time.perf_counter() - t0 > max_seconds:
+            break
+    return time.perf_counter() - t0, n
+
+
 def time_reads(read: Callable[[int], Any], indices: Sequence[int], max_seconds: float = 0.5,
                min_samples: int = 8) -> float:
     """Microseconds per ``read(i)`` over ``indices`` in order, stopping early after ``max_seconds``.
@@ -241,26 +255,41 @@ def time_reads(read: Callable[[int], Any], indices: Sequence[int], max_seconds: 
     """
     if not len(indices):
         raise ValueError("time_reads needs at least one index")
-    t0 = time.perf_counter()
-    n = 0
-    for i in indices:
-        read(int(i))
-        n += 1
-        if n >= min_samples and time.perf_counter() - t0 > max_seconds:
-            break
-    return (time.perf_counter() - t0) / n * 1e6
+    seconds, n = _timed_pass(read, indices, max_seconds, min_samples)
+    return seconds / n * 1e6
+
+
+def _read_all(read: Callable[[int], Any], indices: list[int]) -> Callable[[], None]:
+    def run() -> None:
+        for i in indices:
+            read(i)
+
+    return run
 
 
 def compare_reads(baseline: Callable[[int], Any], baseline_indices: Sequence[int],
                   candidate: Callable[[int], Any], candidate_indices: Sequence[int],
-                  repeats: int = 3, max_seconds: float = 0.3) -> SpeedComparison:
-    """Per-sample read time of two readers, timed in turns (A B A B ...), medians of ``repeats``.
+                  repeats: int = 3, max_seconds: float = 0.3, min_samples: int = 8) -> SpeedComparison:
+    """Per-sample read time of two readers, timed in turns, medians of ``repeats`` turns each.
 
-    Taking turns makes both see the same machine load, so the ratio can be graded on any
-    machine (as :func:`gpulab.profiling.interleave.compare_speed`, but per sample, with a time budget).
+    A short first pass over each reader (a quarter of ``max_seconds``; it also opens the file and
+    warms the cache) sets how many samples it reads per turn, so that a turn takes about
+    ``max_seconds`` (at least ``min_samples``, at most all of its indices). The turns are then timed
+    by :func:`gpulab.profiling.interleave.time_interleaved` (A B, B A, ...), so both readers see the
+    same machine load and the ratio can be graded on any machine.
+
+    Raises:
+        ValueError: if either reader has no indices.
     """
-    base, cand = [], []
-    for _ in range(repeats):
-        base.append(time_reads(baseline, baseline_indices, max_seconds))
-        cand.append(time_reads(candidate, candidate_indices, max_seconds))
-    return SpeedComparison(statistics.median(base) / 1e6, statistics.median(cand) / 1e6)
+    turns = {}
+    for name, read, indices in (("baseline", baseline, baseline_indices), ("candidate", candidate, candidate_indices)):
+        if not len(indices):
+            raise ValueError(f"compare_reads needs at least one {name} index")
+        seconds, n = _timed_pass(read, indices, max_seconds / 4, min_samples)
+        per_read = max(seconds / n, 1e-9)
+        count = min(len(indices), max(min_samples, int(max_seconds / per_read)))
+        turns[name] = (read, [int(i) for i in itertools.islice(indices, count)])
+    timings = time_interleaved({name: _read_all(read, chosen) for name, (read, chosen) in turns.items()},
+                               repeats=repeats, warmup=0)
+    return SpeedComparison(timings.median("baseline") / len(turns["baseline"][1]),
+                           timings.median("candidate") / len(turns["candidate"][1]))

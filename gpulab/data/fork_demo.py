@@ -48,16 +48,16 @@ class _ThroughFileObject:
         return h5py.File(open(self.path, "rb"), "r", **self.cache.kwargs())  # noqa: SIM115 - h5py owns it
 
 
-class SharedFileObjDataset(_ThroughFileObject, EagerH5Dataset):
+class _SharedFileObjDataset(_ThroughFileObject, EagerH5Dataset):
     """Opened before the fork, through one file object: the workers share its offset."""
 
 
-class LazyFileObjDataset(_ThroughFileObject, H5Dataset):
+class _LazyFileObjDataset(_ThroughFileObject, H5Dataset):
     """Opened in each worker, through a file object of its own."""
 
 
-_DATASETS = {"shared": EagerH5Dataset, "shared-fileobj": SharedFileObjDataset,
-             "lazy": H5Dataset, "lazy-fileobj": LazyFileObjDataset}
+_DATASETS = {"shared": EagerH5Dataset, "shared-fileobj": _SharedFileObjDataset,
+             "lazy": H5Dataset, "lazy-fileobj": _LazyFileObjDataset}
 
 
 def run_scenario(path: str | os.PathLike, scenario: str, repeats: int = 3, num_workers: int = 2,

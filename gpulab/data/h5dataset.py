@@ -28,7 +28,7 @@ from gpulab.data.chunk_cache import CacheConfig
 
 __all__ = ["H5FileError", "H5Info", "inspect_h5", "H5Dataset", "EagerH5Dataset"]
 
-REGENERATE = "Regenerate it with gpulab.data.hdf5.write_h5(path, images, labels, ...)."
+_REGENERATE = "Regenerate it with gpulab.data.hdf5.write_h5(path, images, labels, ...)."
 
 
 class H5FileError(OSError):
@@ -71,17 +71,17 @@ def inspect_h5(path: str | os.PathLike) -> H5Info:
         with h5py.File(path, "r") as f:
             missing = [k for k in ("images", "labels") if not isinstance(f.get(k), h5py.Dataset)]
             if missing:
-                raise H5FileError(f"{path}: no {missing} dataset(s); it was not written by write_h5. {REGENERATE}")
+                raise H5FileError(f"{path}: no {missing} dataset(s); it was not written by write_h5. {_REGENERATE}")
             images, labels = f["images"], f["labels"]
             if images.ndim < 2 or images.shape[0] < 1 or labels.shape != (images.shape[0],):
-                raise H5FileError(f"{path}: images {images.shape} and labels {labels.shape} do not match. {REGENERATE}")
+                raise H5FileError(f"{path}: images {images.shape} and labels {labels.shape} do not match. {_REGENERATE}")
             images[0], images[-1], labels[-1]  # raw data at both ends (catches a cut-off tail)
             return H5Info(path, images.shape[0], tuple(images.shape[1:]), images.dtype, images.chunks,
                           images.compression)
     except H5FileError:
         raise
     except (OSError, KeyError, ValueError, RuntimeError) as err:
-        raise H5FileError(f"{path}: cannot be read as HDF5 (truncated or corrupt: {err}). {REGENERATE}") from err
+        raise H5FileError(f"{path}: cannot be read as HDF5 (truncated or corrupt: {err}). {_REGENERATE}") from err
 
 
 class H5Dataset(Dataset):
@@ -127,7 +127,7 @@ class H5Dataset(Dataset):
                 self._file = self._open_file()
                 self._images, self._labels = self._file["images"], self._file["labels"][:]
             except (OSError, KeyError) as err:
-                raise H5FileError(f"{self.path}: cannot be opened in process {os.getpid()} ({err}). {REGENERATE}") from err
+                raise H5FileError(f"{self.path}: cannot be opened in process {os.getpid()} ({err}). {_REGENERATE}") from err
             self._pid = os.getpid()
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -137,7 +137,7 @@ class H5Dataset(Dataset):
             image = self._images[index]  # one hyperslab read: every chunk it overlaps is loaded
         except (OSError, ValueError) as err:
             raise H5FileError(f"{self.path}: reading sample {index} failed ({err}); the file is corrupt. "
-                              f"{REGENERATE}") from err
+                              f"{_REGENERATE}") from err
         return torch.from_numpy(image), int(self._labels[index])
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ from gpulab.data.caching import InMemoryCache
 from gpulab.data.synthetic import SyntheticImages
 from gpulab.data.transfer import to_device_normalize
 from gpulab.data.workers import LoaderConfig, make_loader
+from gpulab.devices.physical import cuda_device_count
 from gpulab.profiling import profile_loop
 from gpulab.profiling.result import LoopProfile
 
@@ -149,7 +150,7 @@ def tuned_pipeline(setup: PipelineSetup, accel: Any, num_workers: int = 0,
     """
     cache = InMemoryCache(setup.dataset(normalize_on_cpu=False), fill=True, disable=disable)  # decode once
     cfg = LoaderConfig(num_workers=num_workers, persistent_workers=num_workers > 0, batch_size=setup.batch_size,
-                       pin_memory=torch.cuda.is_available())
+                       pin_memory=cuda_device_count() > 0)
     loader = make_loader(cache, cfg, seed=setup.seed)
     compute = model_step(accel, setup.compute_s)
     device = getattr(accel, "torch_device", accel)

@@ -15,14 +15,12 @@ Example::
 
     ds = SyntheticImages(1024, decode_repeats=8)           # uint8 (3, 32, 32) images, int labels
     x, y = ds[0]
-    ds.sample_cost()                                      # measured seconds per sample, here
     slow = SyntheticImages(1024, decode_repeats=8, normalize=(MEAN, STD))   # float32 on the CPU
 """
 
 from __future__ import annotations
 
 import random
-import time
 import zlib
 from typing import Sequence
 
@@ -30,10 +28,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["SyntheticImages", "check_mean_std"]
+__all__ = ["SyntheticImages"]
 
 
-def check_mean_std(mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor,
+def _check_mean_std(mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor,
                    channels: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``mean`` and ``std`` as float tensors of shape ``(channels,)``.
 
@@ -79,7 +77,7 @@ class SyntheticImages(Dataset):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         self.num_samples, self.image_size, self.channels = num_samples, image_size, channels
         self.num_classes, self.decode_repeats, self.augment, self.seed = num_classes, decode_repeats, augment, seed
-        self.normalize = None if normalize is None else check_mean_std(*normalize, channels)
+        self.normalize = None if normalize is None else _check_mean_std(*normalize, channels)
         rng = np.random.default_rng(seed)
         self.labels = rng.integers(0, num_classes, num_samples)
         images = self._draw(rng, self.labels)  # (N, C, H, W) uint8
@@ -105,11 +103,6 @@ class SyntheticImages(Dataset):
     def shape(self) -> tuple[int, int, int]:
         """``(C, H, W)`` of one image."""
         return (self.channels, self.image_size, self.image_size)
-
-    @property
-    def compressed_bytes(self) -> int:
-        """Total size of the stored (compressed) images."""
-        return sum(len(b) for b in self._buffers)
 
     def load(self, index: int) -> tuple[torch.Tensor, int]:
         """Decode image ``index``: a uint8 ``(C, H, W)`` tensor and its label (the cacheable part)."""
@@ -146,12 +139,3 @@ class SyntheticImages(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         img, label = self.load(index)
         return self.transform(img), label
-
-    def sample_cost(self, num_samples: int = 64) -> float:
-        """Median seconds for one ``__getitem__`` on this machine (decode + augment + normalise)."""
-        times = []
-        for k in range(num_samples):
-            t0 = time.perf_counter()
-            self[k % self.num_samples]
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gpulab.data.synthetic import check_mean_std
+from gpulab.data.synthetic import _check_mean_std
 
 __all__ = ["to_device_normalize", "normalize_on_host", "record_moves"]
 
@@ -37,7 +37,7 @@ def _check_batch(batch: Any) -> int:
 def normalize_on_host(batch_uint8: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """The naive version: float32 ``(x / 255 - mean) / std`` on the CPU (then 4x the bytes to copy)."""
     channels = _check_batch(batch_uint8)
-    m, s = check_mean_std(mean, std, channels)
+    m, s = _check_mean_std(mean, std, channels)
     return (batch_uint8.float() / 255.0 - m[:, None, None]) / s[:, None, None]
 
 
@@ -68,7 +68,7 @@ def to_device_normalize(
         ValueError: if ``mean``/``std`` do not have one value per channel, or std <= 0.
     """
     channels = _check_batch(batch_uint8)
-    m, s = check_mean_std(mean, std, channels)
+    m, s = _check_mean_std(mean, std, channels)
     device = getattr(device, "torch_device", device)
     x = batch_uint8.to(device, non_blocking=True)  # 1 byte per value crosses the link
     scale = (1.0 / (255.0 * s)).to(device=x.device, dtype=dtype)[:, None, None]  # (C, 1, 1)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 from tqdm.auto import tqdm
 
 from gpulab.data.workers import LoaderConfig, LoaderWarning, make_loader, measure_loader
+from gpulab.devices.physical import cuda_device_count
 
 __all__ = ["sweep_loader", "tune_loader", "SweepResult", "TuneResult"]
 
@@ -144,9 +145,7 @@ def _warn_once(grid: list[LoaderConfig], cores: int) -> None:
                       "plateau, but the workers would take turns on the cores rather than add speed",
                       LoaderWarning, stacklevel=3)
     if any(c.pin_memory for c in grid):
-        import torch
-
-        if not torch.cuda.is_available():
+        if cuda_device_count() == 0:
             warnings.warn("pin_memory=True needs a CUDA device; with none here it is turned off (so pinned and "
                           "unpinned settings measure the same)", LoaderWarning, stacklevel=3)
 

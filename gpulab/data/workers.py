@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from time import perf_counter
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from gpulab.devices.batches import tree_tensors
+from gpulab.devices.physical import cuda_device_count
 
 __all__ = ["LoaderConfig", "make_loader", "measure_loader", "LoaderWarning"]
 
@@ -93,7 +96,7 @@ def make_loader(dataset: Dataset, config: LoaderConfig | None = None, *, shuffle
         warnings.warn(f"num_workers={cfg.num_workers} but this machine has {cores} cores: the workers and the main "
                       f"process would take turns on the cores, so extra workers add start-up time, memory and context "
                       f"switches without adding speed; use at most {cores}", LoaderWarning, stacklevel=2)
-    pin = cfg.pin_memory and torch.cuda.is_available()
+    pin = cfg.pin_memory and cuda_device_count() > 0
     if warn and cfg.pin_memory and not pin:
         warnings.warn("pin_memory=True needs a CUDA device: page-locked memory only speeds up copies to a GPU, and "
                       "this machine has none, so it is turned off", LoaderWarning, stacklevel=2)
@@ -155,15 +158,5 @@ def measure_loader(loader: Any, num_batches: int | None = None, epochs: int = 1)
 
 
 def _batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0])
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
-    if isinstance(batch, dict) and batch:
-        return _batch_len(next(iter(batch.values())))
-    return 1
-
-
-def config_dict(cfg: LoaderConfig) -> dict[str, Any]:
-    """The config's fields as a dict (for tables)."""
-    return asdict(cfg)
+    tensors = tree_tensors(batch)  # the first tensor's rows; a batch without tensors counts as one sample
+    return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 1

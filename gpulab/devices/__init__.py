@@ -1,7 +1,7 @@
 """Devices: what this machine has, and where each rank or replica runs.
 
 - :mod:`~gpulab.devices.physical`: the real devices (:func:`cuda_device_count`, fork-safe;
-  :func:`physical_devices`, :func:`default_device`, :func:`try_gpu`).
+  :func:`physical_devices`, :func:`default_device`).
 - :mod:`~gpulab.devices.machine`: :class:`MachineSpec` and the backend and placement rules
   (:func:`choose_backend`, :func:`place_ranks`; lab 00).
 - :mod:`~gpulab.devices.logical`: *logical devices* for multi-device lessons on any machine
@@ -23,12 +23,11 @@ from gpulab.devices.physical import (
     cuda_device_count,
     default_device,
     physical_devices,
-    try_gpu,
 )
 from gpulab.devices.registry import placement
 
 __all__ = [
-    "cuda_device_count", "physical_devices", "default_device", "try_gpu",
+    "cuda_device_count", "physical_devices", "default_device",
     "MachineSpec", "choose_backend", "place_ranks",
     "LogicalDevice", "LogicalDevices", "logical_devices", "current_device", "placement",
 ]

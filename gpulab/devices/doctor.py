@@ -25,6 +25,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab.devices.nvml import close_nvml, open_nvml
+from gpulab.devices.physical import cuda_device_count
 from gpulab.labs import LABS
 
 CUDA_WHEEL_HINT = "pip install --force-reinstall torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
@@ -77,8 +79,10 @@ def _probe_torch(f: Facts) -> None:
     f.torch_version = torch.__version__
     f.torch_cuda_build = torch.version.cuda
     try:
+        # The doctor asks torch.cuda.is_available() on purpose (it initialises CUDA, as the cuDNN check
+        # below does anyway): a CUDA build that NVML says has GPUs but that cannot start is a finding.
         f.cuda_available = bool(torch.cuda.is_available())
-        f.torch_gpu_count = torch.cuda.device_count() if f.cuda_available else 0
+        f.torch_gpu_count = cuda_device_count() if f.cuda_available else 0
     except Exception as err:  # noqa: BLE001
         f.errors.append(f"torch.cuda: {err}")
     try:
@@ -110,16 +114,11 @@ def _probe_torch(f: Facts) -> None:
 
 
 def _probe_nvml(f: Facts) -> None:
-    try:
-        import pynvml
-    except Exception:  # noqa: BLE001
-        f.nvml = "missing"
+    opened = open_nvml()
+    if opened.nvml is None:
+        f.nvml = "missing" if opened.missing else f"error: {opened.error}"
         return
-    try:
-        pynvml.nvmlInit()
-    except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound on machines without a driver
-        f.nvml = "missing" if "LibraryNotFound" in type(err).__name__ or "not found" in str(err).lower() else f"error: {err}"
-        return
+    pynvml = opened.nvml
     try:
         f.nvml = "ok"
         drv = pynvml.nvmlSystemGetDriverVersion()
@@ -135,10 +134,7 @@ def _probe_nvml(f: Facts) -> None:
     except Exception as err:  # noqa: BLE001
         f.errors.append(f"nvml: {err}")
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+        close_nvml(pynvml)
 
 
 def _probe_host(f: Facts) -> None:

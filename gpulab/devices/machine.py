@@ -23,7 +23,8 @@ class MachineSpec:
 
     Attributes:
         num_gpus: CUDA GPUs that torch can see (after ``CUDA_VISIBLE_DEVICES``).
-        cuda_build: whether the installed torch is a CUDA build (``torch.version.cuda``).
+        cuda_build: whether the installed torch drives GPUs through ``torch.cuda`` (a CUDA build, or
+            a ROCm one, which uses the same API).
         nccl: whether torch was built with NCCL (``torch.distributed.is_nccl_available()``).
         name: a label for messages.
     """
@@ -35,11 +36,12 @@ class MachineSpec:
 
     @classmethod
     def this_machine(cls) -> "MachineSpec":
-        """The spec of the machine this runs on."""
+        """The spec of the machine this runs on; fork-safe (counts GPUs without initialising CUDA)."""
         import torch.distributed as dist
 
         nccl = bool(dist.is_available() and dist.is_nccl_available())
-        return cls(cuda_device_count(), torch.version.cuda is not None, nccl, "this machine")
+        # torch.cuda._is_compiled (private) is the build test cuda_device_count uses; it touches no driver
+        return cls(cuda_device_count(), torch.cuda._is_compiled(), nccl, "this machine")
 
     @property
     def usable_gpus(self) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["cuda_device_count", "physical_devices", "default_device", "try_gpu"]
+__all__ = ["cuda_device_count", "physical_devices", "default_device"]
 
 
 def cuda_device_count() -> int:
@@ -36,8 +36,3 @@ def physical_devices() -> list[torch.device]:
 def default_device() -> torch.device:
     """The first GPU if there is one, else the CPU."""
     return physical_devices()[0]
-
-
-def try_gpu(i: int = 0) -> torch.device:
-    """``cuda:i`` if it exists, else the CPU (never raises)."""
-    return torch.device("cuda", i) if i < cuda_device_count() else torch.device("cpu")

@@ -29,11 +29,11 @@ __all__ = ["MemoryMeter", "MemoryReport", "DeviceMemory", "format_bytes"]
 from gpulab.memory.batch_size import find_max_batch_size, free_memory  # noqa: E402
 from gpulab.memory.cuda_report import MemoryStatus, memory_report  # noqa: E402
 from gpulab.memory.leaks import LeakFinder, LeakReport  # noqa: E402
-from gpulab.memory.retry import OOMRetry, accumulate_step, oom_retry  # noqa: E402
+from gpulab.memory.retry import OOMRetry, oom_retry  # noqa: E402
 from gpulab.memory.savings import peak_memory  # noqa: E402
 from gpulab.memory.summary import ModelSummary, ShapeMismatchError, summary  # noqa: E402
 from gpulab.memory.trend import LeakCriterion  # noqa: E402
 
 __all__ += ["memory_report", "MemoryStatus", "LeakFinder", "LeakCriterion", "LeakReport", "find_max_batch_size",
-            "free_memory", "oom_retry", "OOMRetry", "accumulate_step", "summary", "ModelSummary",
+            "free_memory", "oom_retry", "OOMRetry", "summary", "ModelSummary",
             "ShapeMismatchError", "peak_memory"]

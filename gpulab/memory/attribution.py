@@ -23,6 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+# TorchDispatchMode lives in a private module, but it is the documented way to see every op (the
+# __torch_dispatch__ tutorials import it from here); storages are keyed by ``_cdata`` as in registry.py
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.devices import default_device, logical
@@ -95,7 +98,7 @@ class MeterMode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if self.meter.active:  # inert once the meter exited (a thread that outlived it)
-            observe(self.meter, func, args, kwargs, out)
+            _observe(self.meter, func, args, kwargs, out)
         return out
 
 
@@ -141,7 +144,7 @@ def _walk(arg: Any, keys: set[int], tags: list[LogicalDevice]) -> None:
                 tags.append(entry.device)
 
 
-def observe(meter: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+def _observe(meter: Any, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
     """Count the storages ``func`` created (called after the op ran, for every op: keep it lean)."""
     kind = _kinds.get(func) or _kind(func)
     if kind is VIEW:

@@ -14,6 +14,9 @@ failure), and on CUDA the cached blocks go back (``empty_cache``), so a failure 
 next try fail too.
 
     best = find_max_batch_size(lambda b: train_step(b), lo=1, hi=1024, budget=64 * 2**20, track=model)
+
+The bisection itself, :func:`bisect_largest`, is gpulab's one batch-size search: lab 05's
+:func:`gpulab.parallel.dp.step_memory.largest_batch` doubles up to a failing size and then uses it too.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from gpulab.devices import default_device
+from gpulab.devices import cuda_device_count, default_device
 from gpulab.devices.registry import default_for
 from gpulab.memory.meter import MemoryMeter
 from gpulab.memory.report import format_bytes
 
-__all__ = ["find_max_batch_size", "free_memory", "Try"]
+__all__ = ["find_max_batch_size", "bisect_largest", "free_memory", "Try"]
 
 Try = tuple[int, bool, int | None]  # (batch_size, fits, peak bytes measured or None)
 
@@ -39,7 +42,7 @@ def free_memory(device: torch.device | str | None = None) -> None:
     caching allocator's free blocks back (``torch.cuda.empty_cache``; it never frees live tensors)."""
     gc.collect()
     device = torch.device(device) if device is not None else default_device()
-    if device.type == "cuda" and torch.cuda.is_available():
+    if device.type == "cuda" and cuda_device_count() > 0:
         torch.cuda.empty_cache()
 
 
@@ -91,7 +94,7 @@ def find_max_batch_size(step_fn: Callable[[int], Any], lo: int, hi: int, budget:
     """
     _check_args(step_fn, lo, hi, budget)
     device = torch.device(device) if device is not None else default_device()
-    if budget is None and not (device.type == "cuda" and torch.cuda.is_available()):
+    if budget is None and not (device.type == "cuda" and cuda_device_count() > 0):
         raise ValueError(f"no budget= and no GPU ({device}): there is no memory limit to search against. Pass "
                          "budget=<bytes> to search under a MemoryMeter, e.g. budget=64 * 2**20")
     bar = tqdm(total=max(1, (hi - lo).bit_length() + 2), desc="max batch size", disable=disable, leave=False)
@@ -114,16 +117,31 @@ def find_max_batch_size(step_fn: Callable[[int], Any], lo: int, hi: int, budget:
             return lo
         if lo == hi or fits(hi):
             return hi
-        good, bad = lo, hi  # invariant: good fits, bad does not
-        while bad - good > 1:
-            mid = (good + bad) // 2
-            if fits(mid):
-                good = mid
-            else:
-                bad = mid
-        return good
+        return bisect_largest(fits, lo, hi)
     finally:
         bar.close()
+
+
+def bisect_largest(fits: Callable[[int], Any], good: int, bad: int, multiple: int = 1) -> int:
+    """The largest size in ``[good, bad)`` (a multiple of ``multiple``) with ``fits(size)``, by bisection.
+
+    ``fits(good)`` is known to hold and ``fits(bad)`` to fail; memory grows with the batch, so
+    ``fits`` holds up to some size and fails above it, and about ``log2((bad - good) / multiple)``
+    calls find that size.
+
+    Args:
+        fits: ``fits(batch_size) -> bool``.
+        good: a size that fits (a multiple of ``multiple``).
+        bad: a larger size that does not (a multiple of ``multiple``).
+        multiple: try multiples of this only.
+    """
+    while bad - good > multiple:  # invariant: fits(good), not fits(bad)
+        mid = (good + bad) // 2 // multiple * multiple
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
 
 
 def _try(step_fn: Callable[[int], Any], batch_size: int, budget: int | None, track: Any,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpulab.devices import default_device
+from gpulab.devices import cuda_device_count, default_device
 from gpulab.memory import threads
 from gpulab.memory.meter import MemoryMeter
 from gpulab.memory.report import format_bytes
@@ -51,7 +51,7 @@ class MemoryStatus:
 
 def _cuda_status(device: torch.device, meter: MemoryMeter | None, abbreviated: bool) -> MemoryStatus | None:
     try:
-        if not torch.cuda.is_available():
+        if cuda_device_count() == 0:
             return None
         stats = torch.cuda.memory_stats(device)
     except Exception:  # noqa: BLE001 - a broken driver: fall back to the meter

@@ -13,11 +13,11 @@ import torch
 
 from gpulab.devices.logical import LogicalDevice
 from gpulab.devices.registry import Entry
-from gpulab.memory.report import DeviceMemory, format_bytes, oom_message
+from gpulab.memory.report import DeviceMemory, _oom_message, format_bytes
 
-__all__ = ["Ledger"]
+__all__: list[str] = []  # the package's own machinery: nothing here is public
 
-TIMELINE_CAP = 200_000  # events kept for the timeline plot (about 20 MB); later ones are dropped
+_TIMELINE_CAP = 200_000  # events kept for the timeline plot (about 20 MB); later ones are dropped
 
 
 class _Counts:
@@ -30,7 +30,7 @@ class _Counts:
         self.live = self.peak = self.allocated = 0
 
 
-class Ledger:
+class _Ledger:
     """The counts of one :class:`~gpulab.memory.MemoryMeter`.
 
     Args:
@@ -74,7 +74,7 @@ class Ledger:
         live = counts.live if counts is not None else 0
         if live + nbytes > self.budget:
             shown = counts.device if counts is not None else dev
-            raise torch.OutOfMemoryError(oom_message(shown, nbytes, live, self.budget))
+            raise torch.OutOfMemoryError(_oom_message(shown, nbytes, live, self.budget))
 
     def check_budget(self, budget: int | None) -> None:
         """Raise ValueError if ``budget`` is below what is already live on some device."""
@@ -94,7 +94,7 @@ class Ledger:
         if nbytes > 0:
             counts.allocated += nbytes
         if self.record_timeline:
-            if len(self.events) < TIMELINE_CAP:
+            if len(self.events) < _TIMELINE_CAP:
                 self.events.append((time.perf_counter() - self.t0, counts, live))
             else:
                 self.truncated = True

@@ -40,12 +40,13 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from gpulab.devices import registry as placement
 from gpulab.devices.logical import LogicalDevice
 from gpulab.devices.registry import LOCK, register, storage_of
+from gpulab.devices.validate import check_device, check_devices
 from gpulab.memory import threads
 from gpulab.memory.attribution import MeterMode
-from gpulab.memory.ledger import Ledger
+from gpulab.memory.ledger import _Ledger
 from gpulab.memory.report import (
     MemoryReport,
-    cuda_allocator_stats,
+    _cuda_allocator_stats,
     format_bytes,
     plot_timeline,
 )
@@ -53,13 +54,6 @@ from gpulab.memory.report import (
 __all__ = ["MemoryMeter"]
 
 _NEW, _ACTIVE, _CLOSED = "not entered", "active", "exited"
-
-
-def _check_dev(dev: Any, what: str) -> LogicalDevice:
-    if not isinstance(dev, LogicalDevice):
-        raise TypeError(f"{what} must be a LogicalDevice from gpulab.devices.logical_devices(n), "
-                        f"got {dev!r} ({type(dev).__name__})")
-    return dev
 
 
 def _check_budget(budget: Any) -> int | None:
@@ -98,8 +92,8 @@ class MemoryMeter:
 
     def __init__(self, budget: int | None = None, *, devices: Iterable[LogicalDevice] | None = None,
                  timeline: bool = True) -> None:
-        self._ledger = Ledger(_check_budget(budget), timeline)
-        self._devices = [_check_dev(d, "devices[i]") for d in (devices or [])]
+        self._ledger = _Ledger(_check_budget(budget), timeline)
+        self._devices = check_devices(devices, usable=False) if devices else []
         for d in self._devices:
             self._ledger.see(d)
         self._fallback: dict[torch.device, LogicalDevice | None] = {}  # attribution rule 4, per physical
@@ -137,9 +131,10 @@ class MemoryMeter:
             raise RuntimeError("this MemoryMeter is not active: use it as `with meter:`")
         if threading.get_ident() != self._owner:
             raise RuntimeError("a MemoryMeter must be exited in the thread that entered it")
+        # _get_current_dispatch_mode is private torch API: the only way to ask which mode is innermost
         if _get_current_dispatch_mode() is not self._mode:
             raise RuntimeError("nested MemoryMeters (and dispatch modes) must be exited innermost first")
-        threads.unfollow(self)
+        threads._unfollow(self)
         if self._devices:
             placement.pop_scope(tuple(self._devices))
         with LOCK:
@@ -198,7 +193,7 @@ class MemoryMeter:
         """
         if self._state is _CLOSED:
             raise RuntimeError("track() after the meter exited: track before or inside `with meter:`")
-        dev = _check_dev(dev, "dev")
+        dev = check_device(dev, "dev", usable=False)
         if isinstance(obj, nn.Module):
             tensors = [*obj.parameters(), *obj.buffers()]
             tensors += [p.grad for p in obj.parameters() if p.grad is not None]
@@ -235,7 +230,7 @@ class MemoryMeter:
         if isinstance(dev, int) and not isinstance(dev, bool):
             matches = [d for d in self._ledger.counts if d.index == dev]
             return next((d for d in matches if d.physical.type != "cpu"), matches[0] if matches else None)
-        return _check_dev(dev, "dev")
+        return check_device(dev, "dev", usable=False)
 
     def live(self, dev: LogicalDevice | int) -> int:
         """Bytes live on ``dev`` (a LogicalDevice or its index) now, or at exit once exited."""
@@ -268,7 +263,7 @@ class MemoryMeter:
             rows = self._ledger.rows()
         cuda = {}
         for phys in dict.fromkeys(r.device.physical for r in rows):
-            stats = cuda_allocator_stats(phys)
+            stats = _cuda_allocator_stats(phys)
             if stats:
                 cuda[str(phys)] = stats
         return MemoryReport(rows, self._ledger.budget, cuda)

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from gpulab.devices.logical import LogicalDevice
+from gpulab.devices.physical import cuda_device_count
 
-__all__ = ["DeviceMemory", "MemoryReport", "format_bytes", "cuda_allocator_stats", "oom_message", "plot_timeline"]
+__all__ = ["DeviceMemory", "MemoryReport", "format_bytes", "plot_timeline"]
 
 
 def format_bytes(n: float) -> str:
@@ -27,13 +28,13 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} bytes"
 
 
-def cuda_allocator_stats(physical: torch.device) -> dict[str, int] | None:
+def _cuda_allocator_stats(physical: torch.device) -> dict[str, int] | None:
     """The CUDA allocator's current/peak allocated and reserved bytes on ``physical``; None on a
     CPU device or where CUDA is not usable (``memory_stats`` is empty there)."""
     if physical.type != "cuda":
         return None
     try:
-        if not torch.cuda.is_available():
+        if cuda_device_count() == 0:
             return None
         stats = torch.cuda.memory_stats(physical)
     except Exception:  # noqa: BLE001 - a broken driver must not break a report
@@ -52,7 +53,7 @@ def _cuda_line(physical: torch.device, stats: dict[str, int]) -> str:
             f"(peak {format_bytes(stats['peak_allocated'])}), {format_bytes(stats['reserved'])} reserved")
 
 
-def oom_message(device: LogicalDevice, nbytes: int, live: int, budget: int) -> str:
+def _oom_message(device: LogicalDevice, nbytes: int, live: int, budget: int) -> str:
     """The text of the ``torch.OutOfMemoryError`` a budget raises, shaped like CUDA's."""
     where = f"{device} (simulated on {device.physical})" if device.simulated else f"{device} ({device.physical})"
     lines = [
@@ -60,7 +61,7 @@ def oom_message(device: LogicalDevice, nbytes: int, live: int, budget: int) -> s
         f"{format_bytes(budget)} of which {format_bytes(max(budget - live, 0))} is free. Of the budget, "
         f"{format_bytes(live)} is allocated by live tensors.",
     ]
-    stats = cuda_allocator_stats(device.physical)
+    stats = _cuda_allocator_stats(device.physical)
     if stats:
         lines.append(_cuda_line(device.physical, stats) + ".")
     lines.append("To fit: use a smaller batch, keep fewer tensors alive (del them, use loss.item(), "

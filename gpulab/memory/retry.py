@@ -28,7 +28,7 @@ from torch import nn
 
 from gpulab.memory.batch_size import free_memory
 
-__all__ = ["oom_retry", "OOMRetry", "OOMEvent", "accumulate_step"]
+__all__ = ["oom_retry", "OOMRetry", "OOMEvent"]
 
 
 def _reduction(loss_fn: Callable, reduction: str | None) -> str:
@@ -37,27 +37,6 @@ def _reduction(loss_fn: Callable, reduction: str | None) -> str:
         raise ValueError(f"reduction must be 'mean' or 'sum' (how loss_fn combines the samples of a batch), got "
                          f"{reduction!r}; a loss with reduction='none' must be reduced before backward")
     return reduction
-
-
-def accumulate_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable,
-                    inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int = 1, *,
-                    reduction: str | None = None) -> float:
-    """One optimizer step over the whole batch, computed in ``micro_batches`` chunks.
-
-    Args:
-        model, optimizer, loss_fn: as in any training step; ``loss_fn(outputs, targets)``.
-        inputs, targets: the batch (dimension 0 is the batch).
-        micro_batches: how many chunks (``torch.tensor_split``: sizes differ by at most one).
-        reduction: how ``loss_fn`` combines samples, "mean" or "sum" (default: its
-            ``.reduction`` attribute, else "mean").
-
-    Returns:
-        The loss of the whole batch, as a float.
-    """
-    optimizer.zero_grad(set_to_none=True)
-    loss = _accumulate(model, loss_fn, inputs, targets, micro_batches, _reduction(loss_fn, reduction))
-    optimizer.step()
-    return loss
 
 
 def _accumulate(model: nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor,

@@ -15,8 +15,8 @@ A training step's peak is mostly activations saved for backward. Two standard wa
   blocks drops from n blocks' activations to n inputs plus one block's activations, for about one
   extra forward pass of compute. Results are the same, exactly.
 
-The references here are what lab 08's exercises are compared with; the workloads
-(:func:`cnn_blocks`, :func:`transformer_stack`) are what ``benchmarks/memory.py`` measures.
+The references here are what lab 08's exercises are compared with; the workloads of
+:func:`lab_workloads` (a small CNN and a transformer stack) are what ``benchmarks/memory.py`` measures.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from gpulab.devices.registry import default_for
 from gpulab.memory.meter import MemoryMeter
 from gpulab.models import SmallCNN
 
-__all__ = ["peak_memory", "fp32_step", "bf16_step", "checkpointed_forward", "checkpointed_step",
-           "cnn_blocks", "transformer_stack", "token_loss", "Workload", "lab_workloads"]
+__all__ = ["peak_memory", "fp32_step", "bf16_step", "checkpointed_forward", "checkpointed_step", "Workload", "lab_workloads"]
 
 
 def peak_memory(fn: Callable[..., Any], *args: Any, track: Any = None, **kwargs: Any) -> int:
@@ -105,7 +104,7 @@ def checkpointed_step(blocks: Sequence[nn.Module], inputs: torch.Tensor, targets
     return loss.item()
 
 
-def cnn_blocks(model: SmallCNN) -> list[nn.Module]:
+def _cnn_blocks(model: SmallCNN) -> list[nn.Module]:
     """A SmallCNN as its pieces: one per conv block (conv, BN, ReLU, pool), then the head.
 
     Warning:
@@ -116,7 +115,7 @@ def cnn_blocks(model: SmallCNN) -> list[nn.Module]:
     return [nn.Sequential(*feats[i:i + 4]) for i in range(0, len(feats), 4)] + [model.head]
 
 
-def transformer_stack(num_layers: int = 4, d_model: int = 128, nhead: int = 4, num_classes: int = 10) -> nn.Sequential:
+def _transformer_stack(num_layers: int = 4, d_model: int = 128, nhead: int = 4, num_classes: int = 10) -> nn.Sequential:
     """``num_layers`` TransformerEncoderLayers (pre-norm, no dropout) and a per-token classifier:
     (B, T, d_model) -> (B, T, num_classes). Iterate over it for its blocks."""
     layers: list[nn.Module] = [nn.TransformerEncoderLayer(d_model, nhead, 4 * d_model, dropout=0.0,
@@ -125,7 +124,7 @@ def transformer_stack(num_layers: int = 4, d_model: int = 128, nhead: int = 4, n
     return nn.Sequential(*layers, nn.Linear(d_model, num_classes))
 
 
-def token_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _token_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over every token: outputs (B, T, C), targets (B, T)."""
     return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
 
@@ -153,10 +152,10 @@ def lab_workloads(device: torch.device | str = "cpu", seed: int = 0) -> dict[str
     device = torch.device(device)
     torch.manual_seed(seed)
     cnn = SmallCNN(channels=(16, 32, 64)).to(device)
-    tr = transformer_stack(num_layers=4, d_model=64, nhead=4).to(device)
+    tr = _transformer_stack(num_layers=4, d_model=64, nhead=4).to(device)
     return {
-        "small_cnn": Workload(cnn, cnn_blocks(cnn), torch.randn(32, 3, 32, 32, device=device),
+        "small_cnn": Workload(cnn, _cnn_blocks(cnn), torch.randn(32, 3, 32, 32, device=device),
                               torch.randint(0, 10, (32,), device=device), F.cross_entropy),
         "transformer": Workload(tr, list(tr), torch.randn(8, 64, 64, device=device),
-                                torch.randint(0, 10, (8, 64), device=device), token_loss),
+                                torch.randint(0, 10, (8, 64), device=device), _token_loss),
     }

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from gpulab.devices.batches import tree_tensors
 from gpulab.memory.report import format_bytes
 
 __all__ = ["summary", "ModelSummary", "LayerRow", "ShapeMismatchError"]
@@ -98,18 +99,8 @@ def _fmt(shape: Any) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
-    return []
-
-
 def _shapes(obj: Any) -> Shape | list[Shape]:
-    ts = _tensors(obj)
+    ts = tree_tensors(obj)
     return tuple(ts[0].shape) if len(ts) == 1 else [tuple(t.shape) for t in ts]
 
 
@@ -163,8 +154,8 @@ def summary(model: nn.Module, input_shape: Sequence[int] | Sequence[Sequence[int
             return
         own = [p for p in module.parameters(recurse=False) if id(p) not in seen_params]
         seen_params.update(id(p) for p in own)
-        outs = _tensors(output)
-        shares = bool(outs) and _storages(outs) <= _storages(_tensors(args))
+        outs = tree_tensors(output)
+        shares = bool(outs) and _storages(outs) <= _storages(tree_tensors(args))
         result.rows.append(LayerRow(names[module], type(module).__name__, _shapes(args), _shapes(output),
                                     sum(p.numel() for p in own), sum(t.numel() * t.element_size() for t in outs),
                                     shares))

@@ -30,7 +30,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-__all__ = ["follow", "unfollow", "following"]
+__all__ = ["follow", "following"]
 
 _lock = threading.Lock()
 _meters: list[Any] = []  # the active meters, outermost first
@@ -53,7 +53,7 @@ def follow(meter: Any) -> None:
         _meters.append(meter)
 
 
-def unfollow(meter: Any) -> None:
+def _unfollow(meter: Any) -> None:
     """Stop following for ``meter``; the last one out puts ``start`` and ``submit`` back."""
     with _lock:
         if meter in _meters:

@@ -1,13 +1,15 @@
 """Read GPU utilisation, memory, temperature and power through NVML (nvidia-ml-py), or say why not.
 
 NVML is the library ``nvidia-smi`` prints from. :class:`NvmlReader` never raises: with no driver,
-no GPU, or a missing ``pynvml`` it reads nothing and ``describe()`` says what happened, so the
+no GPU, or a missing ``pynvml`` (see :func:`gpulab.devices.nvml.open_nvml`) it reads nothing and ``describe()`` says what happened, so the
 monitor keeps sampling the CPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gpulab.devices.nvml import close_nvml, open_nvml
 
 __all__ = ["GpuSample", "NvmlReader"]
 
@@ -40,16 +42,11 @@ class NvmlReader:
         self.error: str | None = None
         self._handles: list = []
         self._nvml = None
-        try:
-            import pynvml
-        except ImportError as err:
-            self.error = f"nvidia-ml-py is not installed ({err}); pip install nvidia-ml-py"
+        opened = open_nvml()
+        if opened.nvml is None:
+            self.error = opened.error
             return
-        try:
-            pynvml.nvmlInit()
-        except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            self.error = f"NVML could not start ({type(err).__name__}: {err}); no NVIDIA driver on this machine?"
-            return
+        pynvml = opened.nvml
         self._nvml = pynvml
         try:
             for i in range(pynvml.nvmlDeviceGetCount()):
@@ -101,9 +98,5 @@ class NvmlReader:
         return tuple(out)
 
     def close(self) -> None:
-        if self._nvml is not None:
-            try:
-                self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001 - shutting down must not raise
-                pass
-            self._nvml = None
+        close_nvml(self._nvml)
+        self._nvml = None

@@ -41,10 +41,6 @@ class ProcessTreeCpu:
         self._children_total = 0.0
         self._scanned_at = -1e9
 
-    def rescan_soon(self) -> None:
-        """Look for new children at the next read."""
-        self._scanned_at = -1e9
-
     def seconds(self) -> float:
         """Cumulative CPU seconds so far (monotonic)."""
         t = self.proc.cpu_times()

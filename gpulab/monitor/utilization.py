@@ -223,12 +223,6 @@ class UtilizationMonitor:
     def marks(self) -> list[tuple[float, str]]:
         return list(self._marks)
 
-    @property
-    def gpu_names(self) -> list[str]:
-        """Names of the sampled devices: NVML GPUs, then simulated accelerators."""
-        names = [f"gpu{g.index}" for g in (self.samples[-1].gpus if self.samples else ())]
-        return names + [f"{getattr(a, 'name', 'sim')} (simulated)" for a in self.accelerators]
-
     def arrays(self) -> dict[str, np.ndarray]:
         """The samples as arrays: ``t`` (N,), ``cpu`` (N, cores), ``process`` (N,), ``rss`` (N,),
         ``gpu_util``, ``gpu_mem_used``, ``gpu_mem_total``, ``gpu_temp``, ``gpu_power`` (N, G; NaN

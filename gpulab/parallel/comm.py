@@ -29,44 +29,14 @@ from typing import Sequence, TypeVar, overload
 import torch
 from torch import nn
 
-from gpulab.devices import cuda_device_count, logical
+from gpulab.devices import logical
 from gpulab.devices.logical import LogicalDevice
-from gpulab.devices.registry import check_in_scope, placement, tag
+from gpulab.devices.registry import placement, tag
+from gpulab.devices.validate import check_device, check_devices
 
 __all__ = ["to", "broadcast", "scatter", "gather", "reduce_add"]
 
 M = TypeVar("M", bound=nn.Module)
-
-
-def _check_device(dev: object, what: str = "dev") -> LogicalDevice:
-    if not isinstance(dev, LogicalDevice):
-        raise TypeError(
-            f"{what} must be a LogicalDevice, got {dev!r} ({type(dev).__name__}): make the devices with "
-            "devices = gpulab.devices.logical_devices(n) and pass one of them, e.g. devices[1]"
-        )
-    phys = dev.physical
-    if phys.type == "cuda" and (phys.index or 0) >= cuda_device_count():
-        raise ValueError(
-            f"{dev!r} is on {phys}, which this machine does not have ({cuda_device_count()} GPUs): "
-            "take the devices from logical_devices(n), which maps them onto the devices that exist"
-        )
-    if phys.type not in ("cpu", "cuda"):
-        raise ValueError(f"{dev!r} is on {phys}: gpulab moves tensors between cpu and cuda devices only")
-    check_in_scope(dev)
-    return dev
-
-
-def _check_devices(devices: Sequence[LogicalDevice], what: str = "devices") -> list[LogicalDevice]:
-    if isinstance(devices, LogicalDevice) or not isinstance(devices, Sequence) or not devices:
-        raise ValueError(f"{what} must be a non-empty list of LogicalDevice (from logical_devices(n)), "
-                         f"got {devices!r}")
-    out = [_check_device(d, f"{what}[{i}]") for i, d in enumerate(devices)]
-    seen: set[LogicalDevice] = set()
-    for d in out:
-        if d in seen:
-            raise ValueError(f"{what} lists {d} twice: each device gets one piece; list each once")
-        seen.add(d)
-    return out
 
 
 def _check_tensor(tensor: object, what: str = "tensor") -> torch.Tensor:
@@ -171,7 +141,7 @@ def to(tensor, dev, *, non_blocking=False):
         ValueError: if ``dev`` is on a GPU this machine does not have, or is not in the ``devices=``
             list of an active :class:`~gpulab.memory.MemoryMeter`.
     """
-    dev = _check_device(dev)
+    dev = check_device(dev)
     if isinstance(tensor, nn.Module):
         module = tensor
         module._apply(lambda t: t if placement(t) == dev else _copy(t, dev, non_blocking))
@@ -193,7 +163,7 @@ def broadcast(tensor: torch.Tensor, devices: Sequence[LogicalDevice]) -> list[to
         listed twice.
     """
     tensor = _check_tensor(tensor)
-    devices = _check_devices(devices)
+    devices = check_devices(devices)
     src = placement(tensor)
     return [_move(tensor, src, d) for d in devices]
 
@@ -209,7 +179,7 @@ def scatter(tensor: torch.Tensor, devices: Sequence[LogicalDevice], dim: int = 0
         TypeError / ValueError: as :func:`broadcast`.
     """
     tensor = _check_tensor(tensor)
-    devices = _check_devices(devices)
+    devices = check_devices(devices)
     src = placement(tensor)
     return [_move(piece, src, d) for piece, d in zip(tensor.chunk(len(devices), dim), devices)]
 
@@ -237,7 +207,7 @@ def gather(tensors: Sequence[torch.Tensor], dev: LogicalDevice, dim: int = 0) ->
         TypeError / ValueError: for a non-LogicalDevice, an empty list, or pieces whose dtype or
         shape (apart from ``dim``) differ.
     """
-    dev = _check_device(dev)
+    dev = check_device(dev)
     tensors = _check_pieces(tensors, "gather")
     if tensors[0].dim() == 0:
         tensors = [t.reshape(1) for t in tensors]  # a view: stays on its device
@@ -260,7 +230,7 @@ def reduce_add(tensors: Sequence[torch.Tensor], dev: LogicalDevice) -> torch.Ten
     Raises:
         TypeError / ValueError: for a non-LogicalDevice, an empty list, or shapes that differ.
     """
-    dev = _check_device(dev)
+    dev = check_device(dev)
     tensors = _check_pieces(tensors, "reduce_add")
     for i, t in enumerate(tensors[1:], 1):
         if t.shape != tensors[0].shape:

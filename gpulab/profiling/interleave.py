@@ -33,10 +33,6 @@ class Timings:
         """How many times faster ``candidate`` is than ``baseline`` (ratio of medians)."""
         return self.median(baseline) / self.median(candidate)
 
-    def pair_speedup(self, baseline: str, candidate: str) -> float:
-        """Median over rounds of the per-round ratio (the two ran next to each other)."""
-        return statistics.median(b / c for b, c in zip(self.wall[baseline], self.wall[candidate]))
-
     def cores(self, name: str) -> float:
         """Average cores the variant used: process CPU seconds / wall seconds."""
         return sum(self.cpu[name]) / sum(self.wall[name])
@@ -49,7 +45,8 @@ class Timings:
 
 
 def time_interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int = 5, warmup: int = 1,
-                     *, progress: bool = False, desc: str = "timing") -> Timings:
+                     *, progress: bool = False, desc: str = "timing",
+                     before_each: Callable[[], Any] | None = None) -> Timings:
     """Time each variant ``repeats`` times, interleaved, after ``warmup`` untimed rounds.
 
     Args:
@@ -57,6 +54,9 @@ def time_interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int = 5
         repeats: timed rounds; each round calls every variant once.
         warmup: untimed rounds first (allocator, kernel selection, thread start-up).
         progress: show a tqdm bar over the rounds.
+        desc: the bar's label.
+        before_each: called, untimed, before every call (warm-up ones too): e.g. a barrier, so that
+            ranks timing a collective start together and the time is the step's, not the wait's.
 
     Raises:
         ValueError: for no variants or ``repeats < 1``.
@@ -67,10 +67,14 @@ def time_interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int = 5
     names = list(variants)
     for _ in range(warmup):
         for name in names:
+            if before_each is not None:
+                before_each()
             variants[name]()
     out = Timings({n: [] for n in names}, {n: [] for n in names})
     for r in tqdm(range(repeats), desc=desc, disable=not progress, leave=False):
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotate who goes first
+            if before_each is not None:
+                before_each()
             c0, t0 = time.process_time(), time.perf_counter()
             variants[name]()
             t1, c1 = time.perf_counter(), time.process_time()

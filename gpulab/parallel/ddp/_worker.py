@@ -163,8 +163,10 @@ def rank_main(fn: Callable[..., Any], rank: int, args: tuple, cfg: RankConfig) -
     torch.set_num_threads(cfg.threads)
     failed = False
     try:
-        if cfg.backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())  # one GPU per rank
+        if cfg.backend == "nccl":  # one GPU per rank, placed by lab 00's rule (as rank_device does)
+            from gpulab.devices.machine import MachineSpec, place_ranks
+
+            torch.cuda.set_device(place_ranks(MachineSpec.this_machine(), cfg.world_size)[rank])
         store = _rendezvous(rank, cfg)
         dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world_size,
                                 timeout=timedelta(seconds=cfg.timeout_s))

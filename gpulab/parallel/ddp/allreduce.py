@@ -34,6 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gpulab.devices.batches import tree_tensors
+
 __all__ = ["allreduce_gradients", "NaiveDDP", "BucketedDDP", "bucket_assignment", "unused_parameters"]
 
 
@@ -221,16 +223,13 @@ class BucketedDDP(_DataParallelBase):
         self._callback_queued = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
 
-    @property
-    def num_buckets(self) -> int:
-        """How many all-reduce calls one step makes."""
-        return len(self.buckets)
-
     def _on_grad_ready(self, p: nn.Parameter) -> None:
         if not self.require_sync:  # inside no_sync(): p.grad keeps accumulating, nothing is sent
             return
         if not self._callback_queued:  # first gradient of this backward pass
             self._callback_queued = True
+            # private API, as torch DDP's reducer uses it: the only hook that runs once the whole backward
+            # pass is done (after the last gradient), where the remaining buckets are waited for
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         bucket = self._bucket_of[id(p)]
         bucket.view(p).copy_(p.grad)
@@ -289,7 +288,6 @@ def unused_parameters(model: nn.Module, *inputs: Any) -> list[str]:
     probe = copy.deepcopy(model)
     probe.zero_grad(set_to_none=True)
     out = probe(*inputs)
-    tensors = [out] if isinstance(out, torch.Tensor) else [
-        t for t in (out.values() if isinstance(out, dict) else out) if isinstance(t, torch.Tensor)]
+    tensors = tree_tensors(out)
     sum(t.float().sum() for t in tensors if t.requires_grad).backward()
     return [name for name, p in probe.named_parameters() if p.requires_grad and p.grad is None]

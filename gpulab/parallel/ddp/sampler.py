@@ -144,11 +144,6 @@ class DistributedSampler(Sampler[int]):
     def __len__(self) -> int:
         return self.num_samples
 
-    @property
-    def num_padded(self) -> int:
-        """How many indices are repeats added to make the shards even (0 with ``drop_last``)."""
-        return 0 if self.drop_last else self.total_size - self._dataset_len
-
     def set_epoch(self, epoch: int) -> None:
         """Use the permutation of ``seed + epoch`` from now on (call it every epoch)."""
         self.epoch = epoch

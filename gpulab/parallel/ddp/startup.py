@@ -3,9 +3,11 @@
 The decisions :func:`gpulab.parallel.ddp.launch` makes before it starts a process, each one a
 function so it can be tested (and reused by a torchrun script) on its own:
 
-- :func:`resolve_backend`: nccl only when every rank owns a GPU (NCCL refuses two ranks on one
-  GPU and has no CPU path), gloo otherwise;
-- :func:`rank_device`: ``cuda:<local rank>`` under nccl, else the CPU;
+- :func:`resolve_backend`: lab 00's rule (:func:`gpulab.devices.choose_backend`) applied to this
+  machine (:meth:`gpulab.devices.MachineSpec.this_machine`), plus a clear error when ``"nccl"`` is
+  asked for without one GPU per rank;
+- :func:`rank_device`: lab 00's placement (:func:`gpulab.devices.place_ranks`) under nccl, the CPU
+  under gloo;
 - :func:`threads_per_rank`: ``cores // world_size``, because ranks share the cores;
 - the start method (fork unless CUDA forbids it, see ``launch.py``) and whether ``fn`` can be
   sent to a spawned process at all;
@@ -23,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from gpulab.devices.machine import MachineSpec, choose_backend, place_ranks
 from gpulab.parallel.ddp import _worker
 
 __all__ = ["resolve_backend", "rank_device", "threads_per_rank"]
@@ -37,54 +40,61 @@ def threads_per_rank(world_size: int) -> int:
     return max(1, cores // world_size)
 
 
-def _usable_gpus() -> int:
-    # torch.cuda.device_count() asks NVML first and so does not initialise CUDA (which would make
-    # every later fork unable to use the GPU); torch.cuda.is_available() would.
-    try:
-        return torch.cuda.device_count() if torch.cuda._is_compiled() else 0
-    except Exception:  # noqa: BLE001 - a broken driver means "no GPUs" here
-        return 0
-
-
 def resolve_backend(backend: str, world_size: int) -> str:
-    """``"auto"`` -> ``"nccl"`` when every rank can own a GPU (and NCCL is built in), else ``"gloo"``.
+    """``"auto"`` -> :func:`~gpulab.devices.choose_backend` on this machine: ``"nccl"`` when every rank
+    can own a GPU (and NCCL is built in), else ``"gloo"``.
 
     Raises:
-        ValueError: for an unknown backend, or ``"nccl"`` without one GPU per rank.
+        ValueError: for an unknown backend, a ``world_size`` that is not a positive int, or
+            ``"nccl"`` without one GPU per rank.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"backend={backend!r} is not one of {_BACKENDS}; use 'auto' to let launch() choose")
-    gpus = _usable_gpus()
-    nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
+    machine = MachineSpec.this_machine()  # fork-safe: counts GPUs without initialising CUDA
+    best = choose_backend(machine, world_size)
     if backend == "auto":
-        return "nccl" if nccl and gpus >= world_size else "gloo"
-    if backend == "nccl" and not (nccl and gpus >= world_size):
-        have = "this torch has no NCCL (a CPU build?)" if not nccl else f"this machine has {gpus} usable GPU(s)"
+        return best
+    if backend == "nccl" and best != "nccl":
+        have = ("this torch has no NCCL (a CPU build?)" if not machine.nccl
+                else f"this machine has {machine.usable_gpus} usable GPU(s)")
         raise ValueError(f"backend='nccl' needs one CUDA GPU per rank ({world_size} ranks) but {have}; "
                          "use backend='gloo' (works on CPUs and shared GPUs) or backend='auto'")
     return backend
 
 
 def rank_device(rank: int | None = None) -> torch.device:
-    """The device a rank should compute on: ``cuda:<local rank>`` under nccl, else the CPU.
+    """The device a rank should compute on: its GPU from :func:`~gpulab.devices.place_ranks` under
+    nccl (``cuda:<local rank>``), else the CPU.
+
+    Under gloo the CPU is kept even on a GPU machine: gloo was chosen because the ranks cannot each
+    own a GPU (or NCCL is missing), gloo usually copies CUDA tensors through host memory anyway, and
+    it implements only some collectives for CUDA tensors, so CPU tensors are the case that always works.
 
     Call it inside a launched (or torchrun-started) rank, after the process group is initialised.
+
+    Args:
+        rank: the rank's local index; default ``LOCAL_RANK`` (torchrun), else the process group's rank.
     """
     import torch.distributed as dist
 
     if rank is None:
         rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
     if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", rank % torch.cuda.device_count())
+        # round-robin: rank r's GPU does not depend on how many ranks there are after it
+        world_size = max(dist.get_world_size(), rank + 1)
+        return torch.device(place_ranks(MachineSpec.this_machine(), world_size)[rank])
     return torch.device("cpu")
 
 
 def _fork_poisoned() -> bool:
     """Would a forked child fail to use CUDA? (torch marks children forked after CUDA init.)"""
+    # torch.cuda._is_compiled (private): the "CUDA build?" test that touches no driver
     if not torch.cuda._is_compiled():
         return False  # a CPU build cannot initialise CUDA
     if torch.cuda.is_initialized():
         return True
+    # torch._C._cuda_isInBadFork (private, hence getattr) is the flag behind torch's "Cannot
+    # re-initialize CUDA in forked subprocess"; no public API asks it
     probe = getattr(torch._C, "_cuda_isInBadFork", None)
     if probe is None or not hasattr(os, "fork"):
         return False

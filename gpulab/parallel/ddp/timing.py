@@ -1,9 +1,10 @@
 """Per-step time of several gradient-synchronisation strategies, measured side by side (lab 06).
 
 One launch, several strategies: every rank builds one replica per strategy (same initial
-weights), then runs their steps *interleaved* (naive, bucketed, torch DDP, naive, ...), so a
-busy machine slows them all alike and their ratio stays meaningful. Each timed step starts
-after a barrier, so it measures the step, not how late the other rank arrived.
+weights), then runs their steps *interleaved* by gpulab's one timer
+(:func:`gpulab.profiling.interleave.time_interleaved`: naive, bucketed, torch DDP, then bucketed,
+torch DDP, naive, ...), so a busy machine slows them all alike and their ratio stays meaningful.
+Each timed step starts after a barrier, so it measures the step, not how late the other rank arrived.
 
     results = launch(time_sync_strategies, 2, args=(["naive", "bucketed", "torch_ddp"], StepTimingConfig()))
     summarize_step_times(results)        # {"naive": 0.21, "bucketed": 0.05, ...} seconds per step
@@ -15,7 +16,6 @@ the fixed cost per all-reduce call that buckets remove. ``benchmarks/ddp.py`` pr
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -26,6 +26,7 @@ from torch import nn
 from gpulab.models import MLP
 from gpulab.parallel.ddp import BucketedDDP, NaiveDDP
 from gpulab.parallel.ddp.startup import rank_device
+from gpulab.profiling.interleave import time_interleaved
 
 __all__ = ["StepTimingConfig", "deep_mlp", "time_sync_strategies", "summarize_step_times"]
 
@@ -104,22 +105,30 @@ def time_sync_strategies(rank: int, world_size: int, strategies: Sequence[str | 
     for spec in strategies:
         name, model, sync = _wrap(spec, deep_mlp(cfg.width, cfg.depth, seed=cfg.seed).to(device), cfg, world_size, device)
         runs[name] = (model, sync, torch.optim.SGD(model.parameters(), lr=0.01))
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for step in range(cfg.warmup + cfg.num_steps):
-        for name, (model, sync, opt) in runs.items():
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(inputs), targets).backward()
-            sync()
-            opt.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # GPU work is asynchronous: wait before reading the clock
-            if step >= cfg.warmup:
-                times[name].append(time.perf_counter() - t0)
-    return times
+
+    def before_each() -> None:  # untimed: the ranks start each step together, GPUs idle
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    # Every rank runs the same rounds in the same (rotating) order, so their collectives match.
+    timings = time_interleaved({name: _step(*run, inputs, targets, device) for name, run in runs.items()},
+                               repeats=cfg.num_steps, warmup=cfg.warmup, before_each=before_each)
+    return timings.wall
+
+
+def _step(model: nn.Module, sync: Callable[[], Any], opt: torch.optim.Optimizer, inputs: torch.Tensor,
+          targets: torch.Tensor, device: torch.device) -> Callable[[], None]:
+    """One timed training step of a strategy: forward, backward, gradient sync, optimizer step."""
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(inputs), targets).backward()
+        sync()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # GPU work is asynchronous: wait before reading the clock
+
+    return step
 
 
 def summarize_step_times(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:

@@ -39,13 +39,13 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 from torch import nn
 
+from gpulab.devices.batches import tree_leaves
 from gpulab.devices.logical import LogicalDevice
+from gpulab.devices.validate import check_devices
 from gpulab.parallel import comm
-from gpulab.parallel.dp._checks import check_devices
 from gpulab.parallel.dp.data_parallel import DataParallel
 from gpulab.parallel.dp.parallel_apply import parallel_apply
 from gpulab.parallel.dp.replicate import check_module_on, replicate
-from gpulab.parallel.dp.scatter_gather import _leaves
 
 __all__ = ["DataParallelModel", "DataParallelCriterion"]
 
@@ -136,7 +136,7 @@ class DataParallelCriterion(nn.Module):
                              "with the same devices as the DataParallelModel")
         rows = []
         for i, out in enumerate(outputs):
-            leaves = _leaves(out, f"outputs[{i}]")
+            leaves = tree_leaves(out, f"outputs[{i}]")
             if not leaves or leaves[0][1].dim() == 0:
                 raise ValueError(f"outputs[{i}] holds no batched tensor; the criterion splits the targets to "
                                  "match each device's output rows")

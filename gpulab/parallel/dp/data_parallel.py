@@ -35,7 +35,7 @@ from typing import Any, Sequence
 from torch import nn
 
 from gpulab.devices.logical import LogicalDevice
-from gpulab.parallel.dp._checks import check_device, check_devices
+from gpulab.devices.validate import check_device, check_devices
 from gpulab.parallel.dp.parallel_apply import parallel_apply
 from gpulab.parallel.dp.replicate import check_module_on, replicate
 from gpulab.parallel.dp.scatter_gather import gather, scatter_kwargs

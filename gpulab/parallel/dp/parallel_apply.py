@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gpulab.devices.logical import LogicalDevice
-from gpulab.parallel.dp._checks import check_devices
+from gpulab.devices.validate import check_devices
 
 __all__ = ["parallel_apply", "ReplicaError"]
 

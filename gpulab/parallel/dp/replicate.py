@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from gpulab.devices import LogicalDevice, placement
+from gpulab.devices.validate import check_devices
 from gpulab.parallel import comm
-from gpulab.parallel.dp._checks import check_devices
 
 __all__ = ["replicate", "check_module_on"]
 

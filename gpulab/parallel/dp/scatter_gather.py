@@ -28,9 +28,10 @@ from typing import Any, Sequence
 
 import torch
 
+from gpulab.devices.batches import tree_leaves
 from gpulab.devices.logical import LogicalDevice
+from gpulab.devices.validate import check_device, check_devices
 from gpulab.parallel import comm
-from gpulab.parallel.dp._checks import check_device, check_devices
 
 __all__ = ["scatter", "scatter_kwargs", "gather", "batch_rows"]
 
@@ -39,24 +40,13 @@ def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields")
 
 
-def _leaves(obj: Any, path: str = "batch") -> list[tuple[str, torch.Tensor]]:
-    """Every tensor in a nested batch, with a readable path for error messages."""
-    if isinstance(obj, torch.Tensor):
-        return [(path, obj)]
-    if isinstance(obj, (list, tuple)):
-        return [leaf for i, v in enumerate(obj) for leaf in _leaves(v, f"{path}[{i}]")]
-    if isinstance(obj, dict):
-        return [leaf for k, v in obj.items() for leaf in _leaves(v, f"{path}[{k!r}]")]
-    return []
-
-
 def batch_rows(obj: Any, dim: int = 0, what: str = "batch") -> int | None:
     """The common length along ``dim`` of every tensor in a nested batch; None if it holds none.
 
     Raises:
         ValueError: if a tensor has no ``dim`` (a 0-d tensor), the lengths differ, or they are 0.
     """
-    leaves = _leaves(obj, what)
+    leaves = tree_leaves(obj, what)
     if not leaves:
         return None
     rows = None

@@ -35,10 +35,11 @@ import torch
 from torch import nn
 
 from gpulab.devices import LogicalDevice, placement
+from gpulab.devices.validate import check_devices
 from gpulab.memory import MemoryMeter, MemoryReport
+from gpulab.memory.batch_size import bisect_largest
 from gpulab.models import LargeVocabHead
 from gpulab.parallel import comm
-from gpulab.parallel.dp._checks import check_devices
 
 __all__ = ["HeadWorkload", "step_memory", "fits_in_budget", "largest_batch"]
 
@@ -137,7 +138,8 @@ def largest_batch(fits: Callable[[int], Any], *, multiple: int = 1, limit: int =
     """The largest batch size ``b`` (a multiple of ``multiple``, at most ``limit``) with ``fits(b)``.
 
     Doubles from ``multiple`` until ``fits`` fails (or ``limit`` is passed), then bisects between
-    the last size that fit and the first that did not. Memory grows with the batch, so ``fits``
+    the last size that fit and the first that did not (:func:`gpulab.memory.batch_size.bisect_largest`,
+    the search lab 08's ``find_max_batch_size`` uses). Memory grows with the batch, so ``fits``
     is assumed to hold up to some size and fail above it.
 
     Args:
@@ -172,10 +174,4 @@ def largest_batch(fits: Callable[[int], Any], *, multiple: int = 1, limit: int =
             lo = nxt
         else:
             hi = nxt
-    while hi - lo > multiple:
-        mid = (lo + hi) // 2 // multiple * multiple
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return bisect_largest(fits, lo, hi, multiple)

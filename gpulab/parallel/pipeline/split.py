@@ -39,6 +39,7 @@ from torch import nn
 
 from gpulab.devices import LogicalDevice
 from gpulab.devices import registry as _placement
+from gpulab.devices.validate import check_devices
 from gpulab.parallel import comm
 
 __all__ = ["SplitModel", "split_model", "model_layers", "layer_costs", "balanced_boundaries"]
@@ -62,7 +63,7 @@ class SplitModel(nn.Module):
 
     def __init__(self, stages: Sequence[nn.Module], devices: Sequence[LogicalDevice]) -> None:
         super().__init__()
-        devices = comm._check_devices(devices)
+        devices = check_devices(devices)
         if len(stages) != len(devices):
             raise ValueError(f"{len(stages)} stages but {len(devices)} devices: give one device per stage")
         self.stages = nn.ModuleList(stages)
@@ -245,7 +246,7 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
         TypeError: a model that is not a sequence of layers, or devices that are not logical devices.
     """
     layers = model_layers(model)
-    devices = comm._check_devices(devices)
+    devices = check_devices(devices)
     n, s = len(layers), len(devices)
     if s > n:
         raise ValueError(f"cannot split {n} layers into {s} stages: every stage needs at least one layer. "
