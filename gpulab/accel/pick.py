@@ -11,6 +11,7 @@ from gpulab.accel.clock import SimulatedAccelerator
 from gpulab.accel.cuda import CudaAccelerator
 from gpulab.accel.host import HostAccelerator
 from gpulab.accel.sim import SimAccelerator
+from gpulab.devices.physical import cuda_device_count
 
 __all__ = ["pick_accelerator", "as_accelerator"]
 
@@ -22,7 +23,7 @@ def pick_accelerator(prefer: str = "auto") -> Accelerator:
         prefer: ``"auto"``, ``"cuda"`` (or ``"cuda:i"``), ``"sim"`` or ``"cpu"`` (the host clock).
     """
     if prefer == "auto":
-        return CudaAccelerator("cuda:0") if torch.cuda.is_available() else SimAccelerator()
+        return CudaAccelerator("cuda:0") if cuda_device_count() else SimAccelerator()  # fork-safe count
     if prefer in ("sim", "simulated"):
         return SimAccelerator()
     if prefer == "cpu":

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from gpulab.devices import registry as placement
+from gpulab.devices.physical import cuda_device_count
 from gpulab.memory.meter import MemoryMeter
 from gpulab.memory.origins import Frame, Origin, OriginTracer
 from gpulab.memory.report import format_bytes
@@ -151,7 +152,7 @@ class LeakFinder:
                 raise ValueError("meter= must be active: enter it first (`with meter, LeakFinder(meter) as f:`)")
             self._meter = self._given
             self.mode = "the given MemoryMeter"
-        elif self._device.type == "cuda" and torch.cuda.is_available():
+        elif self._device.type == "cuda" and cuda_device_count():
             self.mode = f"CUDA allocator on {self._device} (torch.cuda.memory_allocated)"
         else:
             self._meter = MemoryMeter(timeline=False)

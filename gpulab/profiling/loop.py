@@ -33,10 +33,10 @@ from time import perf_counter
 from typing import Any, Callable, Iterable
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from gpulab.accel import Accelerator, StepMarks, as_accelerator
+from gpulab.devices.batches import tree_tensors
 from gpulab.profiling.result import LoopProfile
 from gpulab.profiling.workloads import demo_loader, demo_step
 
@@ -53,13 +53,9 @@ def _loader_workers(loader: Any) -> int | None:
 
 
 def _batch_size(batch: Any) -> int | None:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else None
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0])
-    return None
+    """Rows in the batch's first tensor, or None (no tensor, or a 0-d one)."""
+    tensors = tree_tensors(batch)
+    return int(tensors[0].shape[0]) if tensors and tensors[0].dim() else None
 
 
 def _check_steps(loader: Iterable, num_steps: int | None) -> int:
