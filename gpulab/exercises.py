@@ -21,7 +21,7 @@ so is a name that was never defined (an exercise cell that raised before it got 
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _STUB = "NotImplementedError"
@@ -84,7 +84,7 @@ def require(namespace: Mapping[str, Any], *names: str) -> None:
                 f"the `raise NotImplementedError()` line; then run this test cell again")
 
 
-def yours_or_reference(namespace: Mapping[str, Any], name: str, reference: Any) -> Any:
+def yours_or_reference(namespace: Mapping[str, Any], name: str, reference: Any, *, needs: Sequence[str] = ()) -> Any:
     """The student's ``name`` once it is answered; until then gpulab's ``reference``, and a note saying so.
 
     For demo and measurement cells only: tests never fall back (see :func:`require`).
@@ -93,12 +93,15 @@ def yours_or_reference(namespace: Mapping[str, Any], name: str, reference: Any) 
         namespace: ``globals()`` of the notebook.
         name: the exercise.
         reference: gpulab's implementation with the same signature.
+        needs: other exercises the student's version calls (all must be answered to use it).
 
     Returns:
         The object to use in the demo.
     """
-    if answered(namespace, name):
+    missing = [n for n in (name, *needs) if not answered(namespace, n)]
+    if not missing:
         return namespace[name]
-    print(f"(exercise `{name}` is not answered yet, so this cell uses gpulab's reference; "
-          f"run it again once yours is written)")
+    names = ", ".join(f"`{n}`" for n in missing)
+    print(f"(exercise {names} {'is' if len(missing) == 1 else 'are'} not answered yet, so this cell uses "
+          f"gpulab's reference for `{name}`; run it again once yours is written)")
     return reference

@@ -46,3 +46,11 @@ def test_demos_use_the_reference_until_the_answer_exists(capsys) -> None:
     assert "exercise `stub` is not answered yet" in capsys.readouterr().out
     assert yours_or_reference(ns, "done", ref) is ns["done"]
     assert capsys.readouterr().out == ""
+
+
+def test_a_demo_needs_every_exercise_its_answer_calls(capsys) -> None:
+    ns = _namespace()
+    ref = object()
+    assert yours_or_reference(ns, "done", ref, needs=("stub",)) is ref
+    assert "exercise `stub` is not answered yet" in capsys.readouterr().out
+    assert yours_or_reference(ns, "done", ref, needs=("DoneClass",)) is ns["done"]
