@@ -30,6 +30,8 @@ MEMORY_MB ?=
 ARCHIVE ?=
 REGEXP  ?=
 PORT    ?= 8888
+# make lab INSTRUCTOR=1: the course root with nbgrader's instructor tools (the default is the student's view)
+INSTRUCTOR ?=
 PYTEST_ARGS ?=
 
 .PHONY: help setup lab test test-fast release check grade feedback collect bench doctor clean
@@ -47,10 +49,8 @@ $(STAMP): pyproject.toml
 	@touch "$@"
 	@echo "environment ready: $(VENV)"
 
-lab: setup release  ## release the labs, copy new ones into work/, start JupyterLab
-	"$(PY)" -m gpulab.course copy-work --course "$(COURSE)" --work "$(WORK)"
-	@echo "Starting JupyterLab in $(WORK); open the URL printed below (http://127.0.0.1:$(PORT)/lab?token=...)."
-	cd "$(WORK)" && "$(VENV)/bin/jupyter" lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir="$(WORK)" $(if $(filter 0,$(shell id -u)),--allow-root)
+lab: setup  ## release changed labs, copy new ones into work/, start JupyterLab (PORT=, INSTRUCTOR=1)
+	"$(PY)" -m gpulab.course.lab --course "$(COURSE)" --work "$(WORK)" --port $(PORT) $(if $(INSTRUCTOR),--instructor)
 
 test: setup  ## run the whole test suite
 	"$(PY)" -m pytest $(PYTEST_ARGS)
