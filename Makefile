@@ -34,7 +34,7 @@ PORT    ?= 8888
 INSTRUCTOR ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup lab test test-fast release check grade feedback collect bench doctor clean
+.PHONY: help setup lab test test-fast test-browser release check grade feedback collect bench doctor clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -57,6 +57,16 @@ test: setup  ## run the whole test suite
 
 test-fast: setup  ## the unit tests only (no notebook pipeline)
 	"$(PY)" -m pytest -m "not notebook" $(PYTEST_ARGS)
+
+# Playwright from PyPI drives the system's Chromium (Debian's package): Playwright's own browser
+# download is not possible everywhere. Both are installed here when missing (CI: a fresh machine, root).
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || echo /usr/bin/chromium)
+SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
+test-browser: setup  ## JupyterLab as `make lab` starts it, driven in headless Chromium; screenshots in test-artifacts/browser/
+	@"$(PY)" -c "import playwright.sync_api" 2>/dev/null || "$(PY)" -m pip install --quiet "playwright>=1.40"
+	@if [ ! -x "$(CHROMIUM)" ]; then echo "installing chromium (apt)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; fi
+	CHROMIUM="$(CHROMIUM)" "$(PY)" -m pytest tests/browser/browser_lab.py -v -p no:cacheprovider $(PYTEST_ARGS)
 
 release: setup  ## nbgrader generate_assignment for every lab (notebooks/release)
 	"$(PY)" -m gpulab.course release --course "$(COURSE)" $(if $(LAB),--lab $(LAB))
@@ -83,5 +93,5 @@ doctor: setup  ## what this machine has, and what will run on real devices
 	"$(PY)" -m gpulab doctor
 
 clean:  ## remove generated release/feedback copies and caches (never work/, submitted/ or the gradebook)
-	rm -rf "$(COURSE)/release" "$(COURSE)/feedback" .pytest_cache .hypothesis
+	rm -rf "$(COURSE)/release" "$(COURSE)/feedback" .pytest_cache .hypothesis test-artifacts
 	find . -name __pycache__ -type d -prune -not -path './.venv/*' -exec rm -rf {} +
