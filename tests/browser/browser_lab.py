@@ -158,7 +158,7 @@ def _panel(page):
 
 
 def _open_notebook(page, lab: Lab, path: str) -> None:
-    page.goto(lab.page_url(path))
+    page.goto(lab.page_url(path, workspace=Path(path).stem))  # only this notebook: no tabs of earlier steps
     _panel(page).locator(".jp-Cell").first.wait_for()
     idle = _panel(page).locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
     choose = page.locator(".jp-Dialog", has_text="Select Kernel").get_by_role("button", name="Select")
@@ -209,12 +209,16 @@ def test_no_instructor_panel_is_visible(lab: Lab, page) -> None:
     _open_notebook(page, lab, "00_setup/00_setup.ipynb")
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.wait_for()
     # every menu of the menu bar opened in turn: none holds an instructor's entry
-    for label in page.locator(".lm-MenuBar-itemLabel").all_inner_texts():
+    labels = page.locator(".lm-MenuBar-itemLabel").all_inner_texts()
+    assert "Nbgrader" not in labels, f"nbgrader's menu is in the menu bar: {labels}"
+    open_menu = page.locator(".lm-Menu.lm-MenuBar-menu")
+    for label in labels:
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{re.escape(label)}$")).click()
-        page.locator(".lm-Menu").first.wait_for()
-        text = page.locator(".lm-Menu").first.inner_text()
+        open_menu.wait_for()
+        text = open_menu.inner_text()
         assert not [t for t in INSTRUCTOR_TEXTS if t in text], f"menu {label!r} shows an instructor's tool:\n{text}"
         page.keyboard.press("Escape")
+        open_menu.wait_for(state="detached")
     body = page.locator("body").inner_text()
     assert not [t for t in INSTRUCTOR_TEXTS if t in body], "an instructor's panel is on the page"
     for side in page.locator(".lm-TabBar-tab[title]").all():
@@ -305,10 +309,10 @@ def test_lab01_live_monitor_renders_and_updates(lab: Lab, page) -> None:
     monitor = next(i for i, c in enumerate(release.cells) if c.cell_type == "code" and "mon.live()" in c.source)
     _open_notebook(page, lab, "01_bottleneck/01_bottleneck.ipynb")
     cells = _panel(page).locator(".jp-Notebook .jp-Cell")
-    cells.first.click()
-    page.keyboard.press("Escape")
-    for _ in range(monitor + 1):  # run the cells one by one, down to the monitor's, as a student does
-        page.keyboard.press("Shift+Enter")
+    below = cells.nth(monitor + 1)  # select the cell below the monitor's, then run everything above it
+    below.scroll_into_view_if_needed()
+    below.locator(".jp-InputPrompt").click()
+    _menu(page, "Run", "Run All Above Selected Cell")
     cell = cells.nth(monitor)
     cell.scroll_into_view_if_needed()
     live = cell.locator(".widget-html-content pre")
