@@ -266,7 +266,10 @@ def test_lab00_run_all_stops_at_the_first_exercise(lab: Lab, page) -> None:
 def _typed_answers(page, lab: Lab, lab_id: str) -> dict[str, str]:
     """Type the reference answers into the release's solution cells, in the browser."""
     source = nbformat.read(str(REPO / "notebooks" / "source" / lab_id / f"{lab_id}.ipynb"), as_version=4)
-    answers = {c.metadata["nbgrader"]["grade_id"]: c.source for c in source.cells
+    def answer(src: str) -> str:  # what a student would type: the solution without nbgrader's markers
+        return "\n".join(line for line in src.splitlines() if "### BEGIN SOLUTION" not in line
+                         and "### END SOLUTION" not in line)
+    answers = {c.metadata["nbgrader"]["grade_id"]: answer(c.source) for c in source.cells
                if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"}
     cells = _panel(page).locator(".jp-Notebook .jp-Cell")
     release = nbformat.read(str(lab.work / lab_id / f"{lab_id}.ipynb"), as_version=4)
