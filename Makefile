@@ -33,9 +33,11 @@ MEMORY_MB ?=
 ARCHIVE ?=
 REGEXP  ?=
 PORT    ?= 8888
+# make lab INSTRUCTOR=1: the course root with nbgrader's instructor tools (the default is the student's view)
+INSTRUCTOR ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup lab test test-fast lint release check grade feedback collect bench doctor clean
+.PHONY: help setup lab test test-fast test-browser lint release check grade feedback collect bench doctor clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -62,10 +64,8 @@ $(STAMP): pyproject.toml constraints.txt $(TORCH_STAMP)
 	@touch "$@"
 	@echo "environment ready: $(VENV) ($$(du -sh "$(VENV)" | cut -f1) on disk)"
 
-lab: setup release  ## release the labs, copy new ones into work/, start JupyterLab
-	"$(PY)" -m gpulab.course copy-work --course "$(COURSE)" --work "$(WORK)"
-	@echo "Starting JupyterLab in $(WORK); open the URL printed below (http://127.0.0.1:$(PORT)/lab?token=...)."
-	cd "$(WORK)" && "$(VENV)/bin/jupyter" lab --no-browser --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir="$(WORK)" $(if $(filter 0,$(shell id -u)),--allow-root)
+lab: setup  ## release changed labs, copy new ones into work/, start JupyterLab (PORT=, INSTRUCTOR=1)
+	"$(PY)" -m gpulab.course.lab --course "$(COURSE)" --work "$(WORK)" --port $(PORT) $(if $(INSTRUCTOR),--instructor)
 
 test: setup  ## run the whole test suite
 	"$(PY)" -m pytest $(PYTEST_ARGS)
@@ -75,6 +75,16 @@ test-fast: setup  ## the unit tests only (no notebook pipeline)
 
 lint: setup  ## ruff over the package, tests, benchmarks and tools (config in pyproject.toml)
 	"$(PY)" -m ruff check gpulab tests benchmarks tools
+
+# Playwright from PyPI drives the system's Chromium (Debian's package): Playwright's own browser
+# download is not possible everywhere. Both are installed here when missing (CI: a fresh machine, root).
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || echo /usr/bin/chromium)
+SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
+test-browser: setup  ## JupyterLab as `make lab` starts it, driven in headless Chromium; screenshots in test-artifacts/browser/
+	@"$(PY)" -c "import playwright.sync_api" 2>/dev/null || "$(PY)" -m pip install --quiet "playwright>=1.40"
+	@if [ ! -x "$(CHROMIUM)" ]; then echo "installing chromium (apt)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; fi
+	CHROMIUM="$(CHROMIUM)" "$(PY)" -m pytest tests/browser/browser_lab.py -v -p no:cacheprovider $(PYTEST_ARGS)
 
 release: setup  ## nbgrader generate_assignment for every lab (notebooks/release)
 	"$(PY)" -m gpulab.course release --course "$(COURSE)" $(if $(LAB),--lab $(LAB))
@@ -101,5 +111,5 @@ doctor: setup  ## what this machine has, and what will run on real devices
 	"$(PY)" -m gpulab doctor
 
 clean:  ## remove generated release/feedback copies and caches (never work/, submitted/ or the gradebook)
-	rm -rf "$(COURSE)/release" "$(COURSE)/feedback" .pytest_cache .hypothesis
+	rm -rf "$(COURSE)/release" "$(COURSE)/feedback" .pytest_cache .hypothesis test-artifacts
 	find . -name __pycache__ -type d -prune -not -path './.venv/*' -exec rm -rf {} +

@@ -171,6 +171,24 @@ def test_live_view_in_a_kernel_updates_its_widget(monkeypatch) -> None:
         _wait_for_samples(mon, 2)
         assert "sim:0" in widget.value and "cpu cores" in widget.value
     assert widget.value.startswith("<pre>[stopped]")
+    assert "samples over" not in widget.value, "the summary is printed by mon.summary(), not repeated in the widget"
+
+
+def test_the_nvml_message_is_said_once(monkeypatch) -> None:
+    # lab 01 prints mon.status, shows the live view, then prints the summary: one NVML message in all
+    pytest.importorskip("ipywidgets")
+    monkeypatch.setattr(monitor_view, "_in_kernel", lambda: True)
+    import pynvml
+
+    def broken_init():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", broken_init)
+    with UtilizationMonitor(interval=0.02, accelerators=[SimAccelerator()]) as mon:
+        widget = mon.live(refresh=0.0)
+        _wait_for_samples(mon, 2)
+    shown = "\n".join([mon.status, widget.value, mon.summary()])
+    assert shown.count("NVML could not start") == 1, shown
 
 
 def test_plot_has_device_and_cpu_panels() -> None:

@@ -12,6 +12,7 @@ New labs are picked up automatically, so every lab is held to this.
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -62,6 +63,25 @@ def _manual_points(course: Path, lab: str, student: str) -> float:
                          if g.auto_score is None and g.manual_score is None))
 
 
+def _confusing_failures(nb_path: Path) -> list[tuple[int, str, str]]:
+    """What an unanswered lab must never show (issue 16): an error in a demo cell (Run All would stop
+    there), a NameError anywhere (a test must name the missing exercise), or an ``Out[]`` holding an
+    exception (a passing check reads as a failure, and nbgrader tries to read it as a score)."""
+    nb = nbformat.read(str(nb_path), as_version=4)
+    out = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        meta = cell.metadata.get("nbgrader", {})
+        for o in cell.get("outputs", []):
+            if o.output_type == "error" and (o.ename == "NameError" or not (meta.get("grade") or meta.get("solution"))):
+                out.append((i, o.ename, o.evalue[:200]))
+            shown = o.get("data", {}).get("text/plain", "") if o.output_type == "execute_result" else ""
+            if re.match(r"\s*\w*(Error|Exception)\(", shown):
+                out.append((i, "Out[] holds an exception", shown[:200]))
+    return out
+
+
 @pytest.mark.notebook
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("lab", LABS)
@@ -95,5 +115,7 @@ def test_lab_pipeline(lab: str, tmp_path: Path) -> None:
     for nb in (course / "autograded" / "student" / lab).glob("*.ipynb"):
         crashed = [e for e in _errors(nb) if e[1] in CRASHES or e[1] == "NotExecuted"]
         assert not crashed, f"the release notebook {nb.name} crashed: {crashed}"
+        confusing = _confusing_failures(nb)
+        assert not confusing, f"the release notebook {nb.name} fails where a student would not expect it: {confusing}"
     score, _ = scores_from_gradebook(course, lab, "student")
     assert score == 0, f"{lab} release notebook scored {score} before any exercise was done; tests must fail on the stubs"

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
+from gpulab.course.validate import validate
 
 
 def _labs_or(course: Path, lab: str | None) -> list[str]:
@@ -75,11 +76,10 @@ def check_work(work: str | Path, lab: str | None = None) -> int:
         return 1
     status = 0
     for nb in notebooks:
-        proc = nbgrader(work, "validate", str(nb.resolve()))
-        out = (proc.stdout + proc.stderr).strip()
-        ok = proc.returncode == 0 and "failed" not in out.lower() and "error" not in out.lower()
-        print(f"{'ok  ' if ok else 'FAIL'} {nb}")
-        if not ok:
-            print("     " + out.replace("\n", "\n     "))
+        # nbgrader's verdict, as the Validate button shows it (its warnings may say "ValueError")
+        result = validate(nb)
+        print(f"{'ok  ' if result.ok else 'FAIL'} {nb}")
+        if not result.ok:
+            print("     " + result.summary().replace("\n", "\n     "))
             status = 1
     return status

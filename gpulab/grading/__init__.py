@@ -12,6 +12,7 @@ The library (instruments and references) never imports this package; it imports 
 from gpulab.grading.checks import (
     GradingError,
     SpeedComparison,
+    catch,
     check,
     check_between,
     check_close,
@@ -23,5 +24,5 @@ from gpulab.grading.checks import (
     compare_speed,
 )
 
-__all__ = ["GradingError", "check", "check_equal", "check_close", "check_shape", "check_between", "check_ratio",
+__all__ = ["GradingError", "catch", "check", "check_equal", "check_close", "check_shape", "check_between", "check_ratio",
            "check_raises", "check_not_calling", "compare_speed", "SpeedComparison"]

@@ -32,6 +32,7 @@ __all__ = [
     "check_between",
     "check_ratio",
     "check_raises",
+    "catch",
     "check_not_calling",
     "compare_speed",
     "SpeedComparison",
@@ -119,8 +120,8 @@ def check_ratio(
     at_least: float | None = None,
     at_most: float | None = None,
     hint: str = "",
-) -> float:
-    """Check ``value / baseline`` against a bound and return the ratio.
+) -> None:
+    """Check ``value / baseline`` against a bound (the failure message gives the ratio).
 
     Both numbers must come from the same run on the same machine (for example two throughputs
     measured one after the other), so the check holds on a laptop and on a server alike.
@@ -132,7 +133,6 @@ def check_ratio(
         _fail(what, f"ratio {ratio:.2f}x, needs at least {at_least:.2f}x ({value:.4g} vs baseline {baseline:.4g})", hint)
     if at_most is not None and ratio > at_most:
         _fail(what, f"ratio {ratio:.2f}x, needs at most {at_most:.2f}x ({value:.4g} vs baseline {baseline:.4g})", hint)
-    return ratio
 
 
 def check_raises(
@@ -143,8 +143,26 @@ def check_raises(
     match: str | None = None,
     hint: str = "",
     **kwargs: Any,
+) -> None:
+    """``fn(*args, **kwargs)`` raises ``exc_type`` (whose message contains ``match``).
+
+    Returns None, like every ``check_*``: a test cell that ends with a check shows no ``Out[]``
+    (an exception object there reads as a failure, and nbgrader tries to read it as a score).
+    Use :func:`catch` to look at the exception itself.
+    """
+    catch(exc_type, fn, *args, what=what, match=match, hint=hint, **kwargs)
+
+
+def catch(
+    exc_type: type[BaseException] | tuple[type[BaseException], ...],
+    fn: Callable[..., Any],
+    *args: Any,
+    what: str,
+    match: str | None = None,
+    hint: str = "",
+    **kwargs: Any,
 ) -> BaseException:
-    """``fn(*args, **kwargs)`` raises ``exc_type`` (whose message contains ``match``)."""
+    """Like :func:`check_raises`, and return the exception to check further (its ``__cause__``...)."""
     names = exc_type.__name__ if isinstance(exc_type, type) else " or ".join(t.__name__ for t in exc_type)
     try:
         fn(*args, **kwargs)

@@ -30,7 +30,8 @@ def _fmt(x: float | None, spec: str, unit: str) -> str:
 
 def format_sample(mon: Any, s: Any) -> str:
     """One reading: devices (nvidia-smi) above, CPU bars (htop) below."""
-    lines = [f"t = {s.t:6.1f} s   {mon.status}", "devices   util                            memory                 temp    power"]
+    # mon.status (e.g. why NVML gives no readings) is said once, by whoever prints it, not on every frame
+    lines = [f"t = {s.t:6.1f} s", "devices   util                            memory                 temp    power"]
     for g in s.gpus:
         mem = (f"{g.mem_used / GiB:6.1f} / {g.mem_total / GiB:5.1f} GiB" if g.mem_used is not None and g.mem_total
                else "      -")
@@ -130,9 +131,8 @@ def attach_live_view(mon: Any, refresh: float = 0.5) -> Any:
                 print(format_summary(m))
             return
         now = time.perf_counter()
-        if sample is None:
-            samples = m.samples
-            text = format_summary(m) if samples else "no samples"
+        if sample is None:  # stopped: keep the last frame; the summary is print(mon.summary())'s to say, once
+            text = format_sample(m, m.samples[-1]) if m.samples else "no samples"
             widget.value = "<pre>" + html.escape("[stopped] " + text) + "</pre>"
         elif now - last[0] >= refresh:
             last[0] = now

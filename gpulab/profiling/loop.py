@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from time import perf_counter
 from typing import Any, Callable, Iterable
 
@@ -204,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     loader = demo_loader(num_batches=args.steps, batch_size=args.batch_size, sample_cost_s=args.sample_ms / 1e3,
                          num_workers=args.workers)
     step_fn = demo_step(accel, compute_s=args.compute_ms / 1e3, sync=args.sync)
-    prof = profile_loop(loader, step_fn, accel, args.steps, disable=args.json)
+    # a bar only where someone watches: redirected to a file, its \r redraws garble the output
+    quiet = args.json or not sys.stderr.isatty()
+    prof = profile_loop(loader, step_fn, accel, args.steps, disable=quiet)
     print(json.dumps(prof.to_dict()) if args.json else prof.summary())
     if args.plot:
         prof.plot().savefig(args.plot, dpi=100)

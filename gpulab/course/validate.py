@@ -1,0 +1,114 @@
+"""``make check``'s verdict on one notebook: nbgrader's own validation result, not a word search.
+
+    python -m gpulab.course.validate work/00_setup/00_setup.ipynb    # prints one JSON line
+
+nbgrader's ``validate`` command prints its result for a person to read and exits 0 either way, and
+its log lines can hold words such as ``ValueError(...)`` (a warning about a cell's output) on a
+notebook that passes. So the check runs nbgrader's ``Validator`` exactly as JupyterLab's Validate
+button does (the same configuration search: the notebook's folder, then Jupyter's config path) in a
+child process, and reads the result it returns: the cells that failed, changed, or changed type.
+A child process, because validation runs a kernel and nbgrader's configuration is global state.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpulab.course.nbgrader_cli import nbgrader_env
+
+# what the child prints before its JSON line, so stray prints of the notebook cannot be mistaken for it
+_MARK = "gpulab-validate-result: "
+
+
+@dataclass
+class Validation:
+    """nbgrader's result for one notebook.
+
+    Attributes:
+        notebook: the notebook validated.
+        failed: ``(first line of the cell, nbgrader's error text)`` for each test cell that failed.
+        changed: first lines of test cells whose source differs from the release (checksum).
+        type_changed: first lines of cells whose type was changed (code <-> markdown).
+        error: why no result came back (nbgrader crashed, timed out); empty when one did.
+    """
+
+    notebook: Path
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    type_changed: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when nbgrader found nothing wrong: what the Validate button calls Success."""
+        return not (self.failed or self.changed or self.type_changed or self.error)
+
+    def summary(self) -> str:
+        """A few lines a student can act on; empty when the notebook passes."""
+        lines = []
+        if self.error:
+            lines.append(f"nbgrader could not validate it: {self.error}")
+        for first in self.type_changed:
+            lines.append(f"a cell's type was changed (code <-> markdown), change it back: {first}")
+        for first in self.changed:
+            lines.append(f"a test cell was edited, restore it (the grader uses the original): {first}")
+        for first, err in self.failed:
+            last = err.strip().splitlines()[-1] if err.strip() else "(no output)"
+            lines.append(f"test failed: {first}\n  {last}")
+        return "\n".join(lines)
+
+
+def _first_line(source: str) -> str:
+    return (source.strip().splitlines() or [""])[0][:100]
+
+
+def validate(notebook: str | Path, timeout: float | None = 1800) -> Validation:
+    """Validate one notebook with nbgrader in a child process and return its result.
+
+    Args:
+        notebook: the student's notebook.
+        timeout: seconds for the whole run (a notebook that loops forever must not hang ``make check``).
+
+    Returns:
+        The :class:`Validation`; ``error`` is set instead of raising when nbgrader gave no result.
+    """
+    notebook = Path(notebook).resolve()
+    result = Validation(notebook)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "gpulab.course.validate", str(notebook)], cwd=str(notebook.parent),
+                              env=nbgrader_env(), text=True, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        result.error = f"it ran for more than {timeout:g} s; look for a cell that never ends"
+        return result
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARK)]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        result.error = "\n".join(tail) or f"exit status {proc.returncode}"
+        return result
+    raw = json.loads(lines[-1][len(_MARK):])
+    result.failed = [(_first_line(c["source"]), c.get("raw_error", "")) for c in raw.get("failed", [])]
+    result.changed = [_first_line(c["source"]) for c in raw.get("changed", [])]
+    result.type_changed = [_first_line(c["source"]) for c in raw.get("type_changed", [])]
+    return result
+
+
+def _child(path: str) -> int:
+    # The configuration search of nbgrader's Validate button (server_extensions/validate_assignment).
+    from nbgrader.apps import NbGrader
+    from nbgrader.validator import Validator
+
+    app = NbGrader()
+    app.load_config_file()  # the current folder (the notebook's), then Jupyter's config path
+    raw = Validator(config=app.config).validate(path)
+    print(_MARK + json.dumps(raw), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m gpulab.course.validate NOTEBOOK")
+    sys.exit(_child(sys.argv[1]))

@@ -1,0 +1,337 @@
+"""The student's first hour, in a real browser: ``make lab``'s JupyterLab driven by headless Chromium.
+
+    make test-browser      # installs Playwright (PyPI) and Chromium (apt) if missing, then runs this file
+
+Not part of ``make test``: the file name does not match ``test_*.py``, so pytest collects it only
+when it is named on the command line, as the make target does. It starts JupyterLab exactly as
+``make lab`` does (``python -m gpulab.course.lab``: release, copy into a work folder, the student's
+settings) on a scratch copy of the course and a free port, then checks, as a student would see it:
+
+1. the start page lists the labs;
+2. lab 00, Run All: it runs until its first exercise; the only traceback is that exercise's own
+   NotImplementedError, naming it, in an exercise or test cell, and no cell shows an ``Out[]``
+   holding an exception;
+3. the Validate button is there, and on lab 00 with the reference answers typed into its
+   solution cells it says Success;
+4. lab 01's live monitor widget renders and updates while its cell runs;
+5. none of nbgrader's instructor panels is visible, and the server never touched the exchange.
+
+Every step saves a screenshot in ``test-artifacts/browser/`` (ignored by git; CI keeps it). Every
+wait is on a condition (a selector, a file's content, a server answer), never a fixed sleep.
+
+Chromium: Playwright cannot download its own browser everywhere, so this uses the system's
+(Debian's ``chromium`` package), ``$CHROMIUM`` or ``/usr/bin/chromium``, headless with ``--no-sandbox``
+(CI runs as root).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts" / "browser"
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+# what a student must not see: nbgrader's instructor tools (text in menus, sidebars, launcher)
+INSTRUCTOR_TEXTS = ("Formgrader", "Assignment List", "Course List", "Create Assignment", "Nbgrader")
+EXCEPTION_REPR = re.compile(r"^\s*\w*(Error|Exception|Warning)\(", re.M)
+
+try:
+    from playwright import sync_api
+except ImportError as err:  # a missing browser driver must fail the run, not skip it
+    raise ImportError("Playwright is not installed: run `make test-browser`, or pip install playwright") from err
+pytestmark = pytest.mark.browser
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(condition, timeout: float, what: str, every: float = 0.2):
+    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while True:
+        got = condition()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+class Lab:
+    """The JupyterLab that ``make lab`` starts, on a scratch course and work folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.course, self.work, self.log = root / "course", root / "work", root / "jupyter.log"
+        shutil.copytree(REPO / "notebooks" / "source", self.course / "source")
+        shutil.copy(REPO / "notebooks" / "nbgrader_config.py", self.course)
+        port = _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpulab.course.lab", "--course", str(self.course), "--work", str(self.work),
+             "--port", str(port)], stdout=self.log.open("w"), stderr=subprocess.STDOUT, cwd=root)
+        # the launcher prints the URL it chose, then becomes JupyterLab; wait for both
+        self.url = _wait(self._url, 600, "the launcher's URL (it releases every lab first)", every=0.5)
+        self.base, self.token = self.url.split("/lab?token=")
+        _wait(self._up, 120, "JupyterLab to answer /api/status", every=0.5)
+
+    def _url(self) -> str | None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the launcher exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+        m = re.search(r"http://127\.0\.0\.1:\d+/lab\?token=[0-9a-f]+", self.log.read_text())
+        return m.group(0) if m else None
+
+    def _up(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base}/api/status?token={self.token}", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"JupyterLab exited:\n{self.log.read_text()[-3000:]}") from None
+            return False
+
+    def page_url(self, path: str = "", workspace: str = "") -> str:
+        """A page of JupyterLab; in a workspace of its own when named, so no earlier layout comes back."""
+        ws = f"/workspaces/{workspace}" if workspace else ""
+        return f"{self.base}/lab{ws}{('/tree/' + path) if path else ''}?token={self.token}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    server = Lab(tmp_path_factory.mktemp("lab"))
+    yield server
+    server.stop()
+    shutil.copy(server.log, ARTIFACTS / "jupyter.log")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no Chromium at {CHROMIUM}: `apt-get install -y chromium` (make test-browser does), or set CHROMIUM")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, request):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(60_000)
+    p = context.new_page()
+    yield p
+    p.screenshot(path=str(ARTIFACTS / f"{request.node.name}-last.png"), full_page=False)
+    context.close()
+
+
+def _shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=False)
+
+
+def _panel(page):
+    """The notebook on show (JupyterLab keeps other tabs' panels in the page, hidden)."""
+    return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+
+
+def _open_notebook(page, lab: Lab, path: str) -> None:
+    page.goto(lab.page_url(path, workspace=Path(path).stem))  # only this notebook: no tabs of earlier steps
+    _panel(page).locator(".jp-Cell").first.wait_for()
+    idle = _panel(page).locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+    choose = page.locator(".jp-Dialog", has_text="Select Kernel").get_by_role("button", name="Select")
+
+    def ready() -> bool:  # its kernel has started and is idle (the toolbar's kernel status)
+        if choose.count() and choose.is_visible():  # JupyterLab may ask once which kernel to use
+            choose.click()
+        return idle.count() > 0 and idle.is_visible()
+    _wait(ready, 180, f"the kernel of {path} to start")
+
+
+def _menu(page, top: str, item: str) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{top}$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")).first.click()
+
+
+def _save_and_read(page, nb_path: Path, must=lambda nb: True) -> nbformat.NotebookNode:
+    """Save from the browser (Ctrl+S) and read the notebook back from disk once ``must`` holds."""
+    _panel(page).locator(".jp-Notebook").click(position={"x": 5, "y": 5})
+    page.keyboard.press("Escape")  # command mode: Ctrl+S saves the notebook, not the cell
+    page.keyboard.press("Control+s")
+
+    def saved():
+        try:
+            nb = nbformat.read(str(nb_path), as_version=4)
+        except Exception:  # noqa: BLE001 - half-written file: read again
+            return None
+        return nb if must(nb) else None
+    return _wait(saved, 60, f"{nb_path.name} to be saved with the browser's state")
+
+
+def _running_prompts(page) -> int:
+    return _panel(page).locator(".jp-InputPrompt", has_text="[*]").count()
+
+
+def test_start_page_lists_the_labs(lab: Lab, page) -> None:
+    from gpulab.labs import lab_ids
+
+    page.goto(lab.page_url(workspace="start"))  # as on the first visit: the work folder's top
+    listing = page.locator(".jp-DirListing-content")
+    listing.wait_for()
+    for lab_id in lab_ids():
+        listing.locator(".jp-DirListing-itemText", has_text=lab_id).first.wait_for()
+    _shot(page, "1-start-page")
+
+
+def test_no_instructor_panel_is_visible(lab: Lab, page) -> None:
+    _open_notebook(page, lab, "00_setup/00_setup.ipynb")
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.wait_for()
+    # every menu of the menu bar opened in turn: none holds an instructor's entry
+    labels = page.locator(".lm-MenuBar-itemLabel").all_inner_texts()
+    assert "Nbgrader" not in labels, f"nbgrader's menu is in the menu bar: {labels}"
+    open_menu = page.locator(".lm-Menu.lm-MenuBar-menu")
+    for label in labels:
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{re.escape(label)}$")).click()
+        open_menu.wait_for()
+        text = open_menu.inner_text()
+        assert not [t for t in INSTRUCTOR_TEXTS if t in text], f"menu {label!r} shows an instructor's tool:\n{text}"
+        page.keyboard.press("Escape")
+        open_menu.wait_for(state="detached")
+    body = page.locator("body").inner_text()
+    assert not [t for t in INSTRUCTOR_TEXTS if t in body], "an instructor's panel is on the page"
+    for side in page.locator(".lm-TabBar-tab[title]").all():
+        assert not [t for t in INSTRUCTOR_TEXTS if t in (side.get_attribute("title") or "")]
+    assert "news" not in body.lower(), "JupyterLab's news pop-up is off"
+    _shot(page, "5-no-instructor-panels")
+    for path in ("formgrader", "assignments"):  # the server halves are off too
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{lab.base}/{path}?token={lab.token}", timeout=10)
+        assert err.value.code == 404, f"/{path} answered {err.value.code}"
+    assert "ExchangeError" not in lab.log.read_text(), "nothing of the student's lab touches the nbgrader exchange"
+
+
+def test_lab00_run_all_stops_at_the_first_exercise(lab: Lab, page) -> None:
+    nb_path = lab.work / "00_setup" / "00_setup.ipynb"
+    _open_notebook(page, lab, "00_setup/00_setup.ipynb")
+    _menu(page, "Run", "Run All Cells")
+    # done: an error is shown and no cell is running or queued any more ("attached": JupyterLab does
+    # not render cells scrolled out of view, and Run All scrolls to the last cell)
+    _panel(page).locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                         has_text="NotImplementedError").first.wait_for(state="attached", timeout=240_000)
+    _wait(lambda: _running_prompts(page) == 0, 120, "the queued cells to be cleared after the error")
+    _panel(page).locator(".jp-OutputArea-output", has_text="NotImplementedError").first.scroll_into_view_if_needed()
+    _shot(page, "2-lab00-run-all")
+    nb = _save_and_read(page, nb_path, must=lambda nb: any(o.get("output_type") == "error"
+                                                           for c in nb.cells for o in c.get("outputs", [])))
+    errors = [(i, o) for i, c in enumerate(nb.cells) for o in c.get("outputs", []) if o.output_type == "error"]
+    assert len(errors) == 1, f"Run All stops at the first error, got {[(i, o.ename) for i, o in errors]}"
+    index, err = errors[0]
+    cell = nb.cells[index]
+    meta = cell.metadata.get("nbgrader", {})
+    assert err.ename == "NotImplementedError", f"cell {index} raised {err.ename}: {err.evalue}"
+    assert meta.get("grade") or meta.get("solution"), f"Run All stopped in a demo cell ({index}):\n{cell.source[:300]}"
+    assert "exercise `to_device`" in err.evalue or "to_device" in "".join(err.traceback), "the error names the exercise"
+    ran = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.execution_count is not None]
+    code_before = [i for i, c in enumerate(nb.cells[:index]) if c.cell_type == "code" and c.source.strip()]
+    assert set(code_before) <= set(ran), "every cell above the first exercise ran"
+    for i, c in enumerate(nb.cells):
+        for o in c.get("outputs", []):
+            if o.output_type == "execute_result":
+                shown = o.get("data", {}).get("text/plain", "")
+                assert not EXCEPTION_REPR.search(shown), f"cell {i} shows Out[] holding an exception: {shown[:200]}"
+
+
+def _typed_answers(page, lab: Lab, lab_id: str) -> dict[str, str]:
+    """Type the reference answers into the release's solution cells, in the browser."""
+    source = nbformat.read(str(REPO / "notebooks" / "source" / lab_id / f"{lab_id}.ipynb"), as_version=4)
+    def answer(src: str) -> str:  # what a student would type: the solution without nbgrader's markers
+        return "\n".join(line for line in src.splitlines() if "### BEGIN SOLUTION" not in line
+                         and "### END SOLUTION" not in line)
+    answers = {c.metadata["nbgrader"]["grade_id"]: answer(c.source) for c in source.cells
+               if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"}
+    cells = _panel(page).locator(".jp-Notebook .jp-Cell")
+    release = nbformat.read(str(lab.work / lab_id / f"{lab_id}.ipynb"), as_version=4)
+    for i, c in enumerate(release.cells):
+        gid = c.metadata.get("nbgrader", {}).get("grade_id")
+        if gid not in answers:
+            continue
+        editor = cells.nth(i).locator(".cm-content")
+        editor.scroll_into_view_if_needed()
+        editor.click()
+        page.keyboard.press("Control+a")       # the cell's text, not the page's
+        page.keyboard.insert_text(answers[gid])  # as pasted: no auto-indent, no auto-closed brackets
+    return answers
+
+
+def test_validate_says_success_on_lab00_with_the_answers(lab: Lab, page) -> None:
+    nb_path = lab.work / "00_setup" / "00_setup.ipynb"
+    _open_notebook(page, lab, "00_setup/00_setup.ipynb")
+    validate = _panel(page).locator(".jp-Toolbar").get_by_text("Validate", exact=True)
+    validate.wait_for()
+    answers = _typed_answers(page, lab, "00_setup")
+
+    def typed(nb):
+        got = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in nb.cells}
+        return all(got.get(k) == v for k, v in answers.items())
+    _save_and_read(page, nb_path, must=typed)  # what Validate will run is what was typed
+    _shot(page, "3a-lab00-answers-typed")
+    validate.click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(timeout=30_000)
+    _wait(lambda: "Success" in dialog.inner_text() or "failed" in dialog.inner_text().lower()
+          or "error" in dialog.inner_text().lower(), 300, "nbgrader's validation result")
+    _shot(page, "3b-lab00-validate")
+    text = dialog.inner_text()
+    assert "Success" in text and "passes all the tests" in text, f"Validate said:\n{text[:2000]}"
+
+
+def test_lab01_live_monitor_renders_and_updates(lab: Lab, page) -> None:
+    release = nbformat.read(str(lab.work / "01_bottleneck" / "01_bottleneck.ipynb"), as_version=4)
+    monitor = next(i for i, c in enumerate(release.cells) if c.cell_type == "code" and "mon.live()" in c.source)
+    _open_notebook(page, lab, "01_bottleneck/01_bottleneck.ipynb")
+    cells = _panel(page).locator(".jp-Notebook .jp-Cell")
+    below = cells.nth(monitor + 1)  # select the cell below the monitor's, then run everything above it
+    below.scroll_into_view_if_needed()
+    below.locator(".jp-InputPrompt").click()
+    _menu(page, "Run", "Run All Above Selected Cell")
+    cell = cells.nth(monitor)
+    cell.scroll_into_view_if_needed()
+    live = cell.locator(".widget-html-content pre")
+    live.filter(has_text="t =").first.wait_for(state="attached", timeout=180_000)
+    _shot(page, "4a-lab01-live-monitor")
+    seen: set[str] = set()
+
+    def two_readings():
+        m = re.search(r"t =\s*([\d.]+) s", live.first.inner_text())
+        if m:
+            seen.add(m.group(1))
+        return len(seen) >= 2
+    _wait(two_readings, 120, "the live monitor to show a second reading", every=0.1)
+    live.filter(has_text="[stopped]").first.wait_for(state="attached", timeout=180_000)
+    cell.scroll_into_view_if_needed()
+    _shot(page, "4b-lab01-monitor-stopped")
+    text = live.first.inner_text()
+    assert "cpu cores" in text and "sim:0" in text or "gpu0" in text, text
+    assert text.count("NVML") <= 1, "the NVML message is said once (by mon.status), not on every frame"
