@@ -1,18 +1,16 @@
-"""gpulab.devices.logical and gpulab.devices.registry (re-exported by gpulab.devices): logical devices, the
-current device, and where each tensor lives."""
+"""gpulab.devices.logical (re-exported by gpulab.devices): logical devices over the physical ones, and the
+current device (per thread, nested)."""
 
 from __future__ import annotations
 
-import gc
 import threading
 
 import pytest
 import torch
 
 from gpulab import devices
-from gpulab.devices import LogicalDevice, current_device, logical, logical_devices, placement
+from gpulab.devices import LogicalDevice, current_device, logical, logical_devices
 from gpulab.devices import registry as registry
-from gpulab.parallel import comm
 
 
 def test_reexported_from_devices() -> None:
@@ -119,22 +117,6 @@ def test_current_device_is_per_thread() -> None:
             t.join()
     assert [seen[i] for i in range(3)] == devs
     assert [seen[-i - 1] for i in range(3)] == [None] * 3
-
-
-def test_placement_follows_transfers_views_and_frees() -> None:
-    devs = logical_devices(3, physical=["cpu"])
-    x = torch.randn(8, 4)
-    assert placement(x) == devs[0]  # never moved: device 0 of its physical device
-    y = comm.to(x, devs[2])
-    assert placement(y) == devs[2]
-    assert placement(y[1:].t()) == devs[2]  # a view lives where its storage does
-    key = y.untyped_storage()._cdata
-    assert key in registry.ENTRIES
-    del y
-    gc.collect()
-    assert key not in registry.ENTRIES  # the registry forgets a freed storage
-    with pytest.raises(TypeError, match="takes a tensor"):
-        placement([1, 2])
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
-"""NaiveDDP and BucketedDDP train exactly like one process on the full batch; bucketing, unused
-parameters, mixed precision and the step-time harness.
+"""gpulab.parallel.ddp.allreduce: NaiveDDP and BucketedDDP train exactly like one process on the full batch;
+bucketing and unused parameters.
 
 The equality tests run 2 gloo ranks (one launch for all variants) and compare every parameter
 after k optimizer steps with a single-process run on the whole batch (torch.testing.assert_close).
@@ -9,23 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from gpulab.parallel import (
-    BucketedDDP,
-    NaiveDDP,
-    StepTimingConfig,
-    allreduce_gradients,
-    amp_settings,
-    amp_step,
-    bucket_assignment,
-    launch,
-    make_grad_scaler,
-    summarize_step_times,
-    time_sync_strategies,
-    unused_parameters,
-)
+from gpulab.parallel import BucketedDDP, NaiveDDP, allreduce_gradients, bucket_assignment, launch, unused_parameters
 
 STEPS = 3
 
@@ -146,50 +132,6 @@ def test_unused_parameters_finds_the_branch_and_leaves_grads_alone():
     assert unused_parameters(model, x) == ["unused.weight", "unused.bias"]
     assert all(p.grad is None for p in model.parameters())
     assert unused_parameters(Net(), x) == []
-
-
-def test_amp_on_cpu_is_bf16_without_a_scaler():
-    s = amp_settings("cpu")
-    assert s.dtype == torch.bfloat16 and not s.use_scaler
-    assert amp_settings("cuda").dtype == torch.float16 and amp_settings("cuda").use_scaler
-    model = Net()
-    seen = []
-    model.out.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
-    opt = torch.optim.SGD(model.parameters(), lr=0.3)
-    scaler = make_grad_scaler("cpu")
-    assert not scaler.is_enabled()
-    x, y = _data()
-    losses = [amp_step(model, x, y, nn.functional.cross_entropy, opt, scaler, "cpu").item() for _ in range(5)]
-    assert seen == [torch.bfloat16] * 5, "the forward must run under bf16 autocast"
-    assert all(p.dtype == torch.float32 for p in model.parameters()), "weights stay float32"
-    assert losses[-1] < losses[0]
-    # same step by hand, without autocast: close to the bf16 result, not equal
-    ref = Net()
-    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.3)
-    opt_ref.zero_grad()
-    nn.functional.cross_entropy(ref(x), y).backward()
-    opt_ref.step()
-    again = Net()
-    amp_step(again, x, y, nn.functional.cross_entropy, torch.optim.SGD(again.parameters(), lr=0.3), scaler, "cpu")
-    torch.testing.assert_close(again.out.weight, ref.out.weight, atol=2e-2, rtol=0)
-
-
-def test_step_time_harness_measures_every_strategy():
-    def my_allreduce(model, world_size):
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= world_size
-
-    cfg = StepTimingConfig(width=32, depth=3, batch_size=8, num_steps=3, warmup=1)
-    per_rank = launch(time_sync_strategies, 2, args=(["naive", "bucketed", "torch_ddp", "local", ("mine", my_allreduce)], cfg),
-                      echo=False)
-    assert all(len(r[name]) == 3 for r in per_rank for name in ("naive", "bucketed", "torch_ddp", "local", "mine"))
-    summary = summarize_step_times(per_rank)
-    assert set(summary) == {"naive", "bucketed", "torch_ddp", "local", "mine"}
-    for k, v in summary.items():  # the median (3 steps: the middle one) of the slower rank's times
-        assert v == sorted(max(a, b) for a, b in zip(per_rank[0][k], per_rank[1][k]))[1] > 0
-    with pytest.raises(Exception, match="unknown strategy"):
-        launch(time_sync_strategies, 1, args=(["fast"], cfg), echo=False)
 
 
 def _plan_rank(rank, world_size, plan):

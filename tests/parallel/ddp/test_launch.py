@@ -1,5 +1,5 @@
 """gpulab.parallel.ddp.launch: ranks start (even for closures), report back in order, fail loudly and
-leave no process behind; the start-up decisions in gpulab.parallel.ddp.startup.
+leave no process behind.
 
 Every test that starts ranks uses fork (about 0.2 s a launch); one test pays for a real spawn.
 """
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gpulab.parallel import LaunchTimeoutError, RankFailedError, launch, rank_device, resolve_backend, threads_per_rank
+from gpulab.parallel import LaunchTimeoutError, RankFailedError, launch, rank_device, threads_per_rank
 from gpulab.parallel.ddp import startup
 
 
@@ -66,13 +66,6 @@ def test_results_in_rank_order_with_a_closure(no_orphans, capsys):
 def test_world_size_one_and_tensors_come_back():
     out = launch(lambda rank, world_size: torch.arange(4) * (rank + 1), 1, echo=False)
     torch.testing.assert_close(out[0], torch.arange(4))
-
-
-def test_threads_per_rank_divides_the_cores():
-    cores = len(os.sched_getaffinity(0))
-    assert threads_per_rank(1) == cores
-    assert threads_per_rank(2) == max(1, cores // 2)
-    assert threads_per_rank(10 * cores) == 1
 
 
 def _crash_rank1(rank, world_size, pidfile):
@@ -168,8 +161,6 @@ def test_the_free_port_is_retried_if_another_process_takes_it(monkeypatch):
     assert len(calls) == 2 and ports[0] != taken
 
 
-# --- bad input ------------------------------------------------------------------------------
-
 @pytest.mark.parametrize("world_size", [0, -1, 1.5, True, "2"])
 def test_bad_world_size(world_size):
     with pytest.raises(ValueError, match="world_size must be an int >= 1"):
@@ -187,16 +178,6 @@ def test_bad_backend_and_timeout():
 def test_nccl_without_gpus_names_the_fix():
     with pytest.raises(ValueError, match="backend='gloo'"):
         launch(_port, 2, backend="nccl")
-
-
-def test_resolve_backend(monkeypatch):
-    assert resolve_backend("gloo", 4) == "gloo"
-    monkeypatch.setattr(startup, "_usable_gpus", lambda: 2)
-    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
-    assert resolve_backend("auto", 2) == "nccl"
-    assert resolve_backend("auto", 3) == "gloo", "3 ranks on 2 GPUs would share a GPU, which NCCL refuses"
-    monkeypatch.setattr(startup, "_usable_gpus", lambda: 0)
-    assert resolve_backend("auto", 1) == "gloo"
 
 
 def test_an_unpicklable_function_cannot_be_spawned():
@@ -217,22 +198,6 @@ def test_without_fork_an_unpicklable_function_gets_a_clear_error(monkeypatch):
     monkeypatch.setattr(startup.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     with pytest.raises(ValueError, match="this platform has no fork"):
         launch(lambda rank, world_size: rank, 2)
-
-
-def test_cuda_initialised_in_the_caller_means_spawn_for_nccl(monkeypatch):
-    monkeypatch.setattr(startup, "_fork_poisoned", lambda: True)
-    assert startup._choose_start_method(_port, (), "nccl", None) == "spawn"
-    assert startup._choose_start_method(_port, (), "gloo", None) == "fork", "gloo ranks on the CPU can still fork"
-    with pytest.raises(ValueError, match="CUDA is already initialised"):
-        startup._choose_start_method(lambda r, w: r, (), "nccl", None)
-    with pytest.raises(ValueError, match="restart the kernel"):
-        startup._choose_start_method(_port, (), "nccl", "fork")
-
-
-def test_a_cpu_build_never_poisons_fork():
-    if torch.cuda._is_compiled():
-        pytest.skip("CUDA build: covered by the gpu tests")
-    assert startup._fork_poisoned() is False
 
 
 def test_spawn_start_method_runs_an_importable_function(no_orphans):

@@ -1,9 +1,8 @@
-"""gpulab.parallel.pipeline and bubble: PipelinedModel against the unsplit model.
+"""gpulab.parallel.pipeline.gpipe: PipelinedModel against the unsplit model.
 
 References: the whole model (outputs in eval mode; gradients of a model whose normalisation is
-per sample, GroupNorm), the schedule's dependencies read off the recorded timeline, a barrier that
-only two stages working at the same time can pass (overlap without timing anything), and the
-bubble formula on an ideal timeline.
+per sample, GroupNorm), the schedule's dependencies read off the recorded timeline, and a barrier
+that only two stages working at the same time can pass (overlap without timing anything).
 """
 
 from __future__ import annotations
@@ -15,18 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from gpulab.devices import cuda_device_count, logical_devices, placement
+from gpulab.devices import logical_devices, placement
 from gpulab.memory import MemoryMeter
 from gpulab.models import resnet
-from gpulab.parallel import (
-    PipelinedModel,
-    StageEvent,
-    batchnorm_to_groupnorm,
-    bubble_fraction,
-    intra_op_threads,
-    measured_bubble,
-    split_model,
-)
+from gpulab.parallel import PipelinedModel, batchnorm_to_groupnorm, split_model
 
 
 @pytest.fixture
@@ -237,78 +228,6 @@ def test_bad_arguments(devices):
     assert "CPU threads" in pipe.mode and "simulated" in pipe.mode
 
 
-def test_intra_op_threads_restores_the_setting():
-    before = torch.get_num_threads()
-    with intra_op_threads(1):
-        assert torch.get_num_threads() == 1
-        seen = []
-        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
-        t.start()
-        t.join()
-        assert seen == [1]  # process-wide: stage threads get it too
-    assert torch.get_num_threads() == before
-    with pytest.raises(ValueError):
-        with intra_op_threads(0):
-            pass
-
-
-def test_bubble_fraction():
-    assert bubble_fraction(1, 5) == 0
-    assert bubble_fraction(2, 1) == pytest.approx(0.5)
-    assert bubble_fraction(2, 8) == pytest.approx(1 / 9)
-    assert bubble_fraction(4, 4) == pytest.approx(3 / 7)
-    for bad in [(0, 2), (2, 0), (2.0, 3), (True, 3)]:
-        with pytest.raises(ValueError):
-            bubble_fraction(*bad)
-
-
-@pytest.mark.parametrize("stages,micro", [(2, 1), (2, 8), (3, 5), (4, 16)])
-def test_measured_bubble_of_an_ideal_timeline_is_the_formula(stages, micro):
-    ideal = [StageEvent(s, j, "forward", float(s + j), float(s + j + 1)) for s in range(stages) for j in range(micro)]
-    assert measured_bubble(ideal) == pytest.approx(bubble_fraction(stages, micro))
-    back = [StageEvent(s, j, "backward", 100.0 + (stages - 1 - s) + j, 101.0 + (stages - 1 - s) + j)
-            for s in range(stages) for j in range(micro)]
-    assert measured_bubble(ideal + back) == pytest.approx(bubble_fraction(stages, micro))
-    with pytest.raises(ValueError):
-        measured_bubble([])
-
-
-@pytest.mark.gpu
-def test_cuda_streams_on_one_gpu_match_the_whole_model():
-    devs = logical_devices(2, ["cuda:0"])
-    model = _model("group").float().cuda()
-    whole = copy.deepcopy(model)
-    pipe = PipelinedModel(split_model(model, devs, boundaries=[4]), 3)
-    assert pipe.uses_streams and "simulated" in pipe.mode
-    x1 = _images().float().cuda().requires_grad_()
-    x2 = x1.detach().clone().requires_grad_()
-    torch.testing.assert_close(pipe(x2), whole(x1), rtol=1e-4, atol=1e-4)
-    whole(x1).sum().backward()
-    pipe(x2).sum().backward()
-    torch.testing.assert_close(x2.grad, x1.grad, rtol=1e-4, atol=1e-5)
-    for p1, p2 in zip(whole.parameters(), pipe.parameters()):
-        torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-4, atol=1e-4)
-    assert len(pipe.timeline) == 2 * 3
-
-
-@pytest.mark.multigpu
-def test_cuda_streams_on_two_gpus_match_the_whole_model():
-    devs = logical_devices(2)
-    assert not devs.simulated and cuda_device_count() >= 2
-    model = _model("group").float()
-    whole = copy.deepcopy(model).cuda()
-    pipe = PipelinedModel(split_model(model, devs, boundaries=[4]), 3)
-    assert "real devices" in pipe.mode
-    x = _images().float().cuda()
-    out = pipe(x)
-    assert out.device == torch.device("cuda", 1)
-    torch.testing.assert_close(out.cpu(), whole(x).cpu(), rtol=1e-4, atol=1e-4)
-    out.sum().backward()
-    whole(x).sum().backward()
-    for p1, p2 in zip(whole.parameters(), pipe.parameters()):
-        torch.testing.assert_close(p2.grad.cpu(), p1.grad.cpu(), rtol=1e-4, atol=1e-4)
-
-
 def test_a_stage_may_start_with_an_in_place_layer(devices):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(inplace=True), nn.Linear(6, 2))
@@ -321,14 +240,3 @@ def test_a_stage_may_start_with_an_in_place_layer(devices):
     torch.testing.assert_close(x2.grad, x1.grad)
     for p1, p2 in zip(whole.parameters(), pipe.parameters()):
         torch.testing.assert_close(p2.grad, p1.grad)
-
-
-def test_groupnorm_makes_the_model_independent_of_how_the_batch_is_cut():
-    model = batchnorm_to_groupnorm(resnet(18, num_classes=5, width=4)).double().train()
-    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
-    norms = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
-    assert norms and all(m.num_channels % m.num_groups == 0 for m in norms)
-    x = _images()
-    torch.testing.assert_close(model(x), torch.cat([model(x[:3]), model(x[3:])]))
-    with pytest.raises(ValueError, match="positive int"):
-        batchnorm_to_groupnorm(model, 0)

@@ -1,0 +1,21 @@
+"""gpulab.accel.sim: a DeviceValue waits for the simulated device only when it is read."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from gpulab.accel import DeviceValue, SimAccelerator
+
+
+def test_device_value_syncs_only_when_read() -> None:
+    acc = SimAccelerator()
+    total = 0
+    t0 = time.perf_counter()
+    for _ in range(3):
+        total = total + acc.compute(0.02, torch.ones(4))
+    assert isinstance(total, DeviceValue) and time.perf_counter() - t0 < 0.02  # nothing waited yet
+    assert total.item() == pytest.approx(3.0)
+    assert time.perf_counter() - t0 >= 0.06 - 1e-3 and acc.waited() > 0

@@ -1,0 +1,33 @@
+"""gpulab.monitor.procstat: the CPU time of child processes counts toward this process."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+from gpulab.accel import spin
+from gpulab.monitor import UtilizationMonitor
+
+
+def _wait_for_samples(mon: UtilizationMonitor, n: int, timeout: float = 10.0, work=None) -> None:
+    """Run ``work()`` (or sleep) until the monitor has ``n`` samples; a loaded machine may be slow."""
+    deadline = time.perf_counter() + timeout
+    while len(mon.samples) < n and time.perf_counter() < deadline:
+        work() if work else time.sleep(0.01)
+    assert len(mon.samples) >= n, f"only {len(mon.samples)} samples in {timeout} s"
+
+
+def _spin_child(seconds: float) -> None:
+    spin(seconds)
+
+
+def test_child_processes_count_toward_this_process() -> None:
+    ctx = mp.get_context("fork")
+    with UtilizationMonitor(interval=0.05, nvml=False) as mon:
+        child = ctx.Process(target=_spin_child, args=(0.6,))
+        child.start()
+        time.sleep(0.1)
+        mon._tree.rescan_soon()  # look for the child now rather than in 2 s
+        child.join()
+    # the main thread only sleeps; anything well above zero is the child's spinning
+    assert mon.arrays()["process"].max() > 20
