@@ -1,4 +1,10 @@
-"""gpulab.devices: discovery falls back to the CPU; lab 00's references follow the NCCL rules."""
+"""gpulab.devices.physical: the GPU count and the device lists agree with torch's own answers here, and
+with a faked torch.cuda (no GPU, two GPUs, a driver that raises, a CPU build); the count never asks
+``torch.cuda.is_available()``, which may initialise CUDA before ranks fork.
+
+The fakes replace what torch itself consults (``torch.cuda._is_compiled``, torch's "is this a CUDA
+build" test, and ``torch.cuda.device_count``), so the expected answers are known without a GPU.
+"""
 
 from __future__ import annotations
 
@@ -6,55 +12,78 @@ import pytest
 import torch
 
 from gpulab import devices
-from gpulab.devices import MachineSpec, choose_backend, place_ranks
+from gpulab.devices import cuda_device_count, default_device, physical_devices, try_gpu
+
+CPU = torch.device("cpu")
 
 
-def test_physical_devices_match_torch() -> None:
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    expected = [torch.device("cuda", i) for i in range(n)] or [torch.device("cpu")]
-    assert devices.physical_devices() == expected
-    assert devices.default_device() == expected[0]
-    assert devices.try_gpu(n) == torch.device("cpu")  # one past the last GPU falls back
+def _fake_cuda(monkeypatch, *, compiled: bool, count) -> None:
+    """Make torch.cuda report ``count`` GPUs (or raise, if ``count`` is an exception) on a CUDA or CPU build.
+
+    ``is_available`` and ``init`` raise: the functions under test must not reach for them.
+    """
+
+    def device_count() -> int:
+        if isinstance(count, BaseException):
+            raise count
+        return count
+
+    def must_not_be_called(*_a, **_k):
+        raise AssertionError("this call may initialise CUDA: forked ranks could no longer use the GPU")
+
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: compiled)
+    monkeypatch.setattr(torch.cuda, "device_count", device_count)
+    monkeypatch.setattr(torch.cuda, "is_available", must_not_be_called)
+    monkeypatch.setattr(torch.cuda, "init", must_not_be_called)
 
 
-def test_broken_cuda_counts_as_no_gpu(monkeypatch) -> None:
-    def boom():
-        raise RuntimeError("CUDA driver initialization failed")
-
-    monkeypatch.setattr(torch.cuda, "is_available", boom)
-    assert devices.cuda_device_count() == 0
-    assert devices.physical_devices() == [torch.device("cpu")]
-
-
-@pytest.mark.parametrize(
-    "machine, world_size, backend, placement",
-    [
-        (MachineSpec(4, True, True), 4, "nccl", ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]),
-        (MachineSpec(2, True, True), 3, "gloo", ["cuda:0", "cuda:1", "cuda:0"]),  # shared GPU: no NCCL
-        (MachineSpec(2, True, False), 2, "gloo", ["cuda:0", "cuda:1"]),  # no NCCL in the build
-        (MachineSpec(8, False, False), 2, "gloo", ["cpu", "cpu"]),  # CPU build ignores the hardware
-        (MachineSpec(), 1, "gloo", ["cpu"]),
-    ],
-)
-def test_backend_and_placement(machine, world_size, backend, placement) -> None:
-    assert choose_backend(machine, world_size) == backend
-    assert place_ranks(machine, world_size) == placement
+def test_the_count_and_the_devices_agree_with_torch_on_this_machine() -> None:
+    torch_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert cuda_device_count() == torch_count
+    devs = physical_devices()
+    if torch_count == 0:
+        assert devs == [CPU] and default_device() == CPU and try_gpu() == CPU
+    else:
+        assert devs == [torch.device("cuda", i) for i in range(torch_count)]
+        assert [torch.cuda.get_device_name(d) for d in devs]  # every device is one torch can open
+        assert default_device() == devs[0] and try_gpu(torch_count - 1) == devs[-1]
+    assert try_gpu(torch_count) == CPU  # one past the last GPU falls back
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.5, "2"])
-def test_bad_world_size_names_the_fix(bad) -> None:
-    with pytest.raises(ValueError, match="positive int"):
-        choose_backend(MachineSpec(), bad)
-    with pytest.raises(ValueError, match="positive int"):
-        place_ranks(MachineSpec(), bad)
+def test_two_gpus(monkeypatch) -> None:
+    _fake_cuda(monkeypatch, compiled=True, count=2)
+    assert cuda_device_count() == 2
+    assert physical_devices() == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert default_device() == torch.device("cuda", 0)
+    assert try_gpu() == torch.device("cuda", 0) and try_gpu(1) == torch.device("cuda", 1)
+    assert try_gpu(2) == CPU and try_gpu(7) == CPU
 
 
-def test_this_machine_agrees_with_torch() -> None:
-    spec = MachineSpec.this_machine()
-    assert spec.cuda_build == (torch.version.cuda is not None)
-    assert spec.usable_gpus == devices.cuda_device_count()
+def test_a_cuda_build_without_gpus_falls_back_to_the_cpu(monkeypatch) -> None:
+    _fake_cuda(monkeypatch, compiled=True, count=0)
+    assert cuda_device_count() == 0
+    assert physical_devices() == [CPU] and default_device() == CPU and try_gpu(0) == CPU
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA driver initialization failed"), OSError("libcuda.so.1: not found")])
+def test_a_driver_that_raises_counts_as_no_gpu(monkeypatch, error) -> None:
+    _fake_cuda(monkeypatch, compiled=True, count=error)
+    assert cuda_device_count() == 0
+    assert physical_devices() == [CPU] and default_device() == CPU and try_gpu(0) == CPU
+
+
+def test_a_cpu_build_has_no_gpu_whatever_the_driver_says(monkeypatch) -> None:
+    _fake_cuda(monkeypatch, compiled=False, count=4)
+    assert cuda_device_count() == 0
+    assert physical_devices() == [CPU] and try_gpu(0) == CPU
+
+
+def test_reexported_from_devices() -> None:
+    assert devices.cuda_device_count is cuda_device_count
+    assert devices.physical_devices is physical_devices and devices.try_gpu is try_gpu
+    assert {"cuda_device_count", "physical_devices", "default_device", "try_gpu"} <= set(devices.__all__)
 
 
 @pytest.mark.gpu
 def test_gpu_is_the_default_device() -> None:
-    assert devices.default_device().type == "cuda"
+    assert default_device() == torch.device("cuda", 0)

@@ -1,5 +1,9 @@
 """gpulab.parallel.dp.scatter_gather: nested batches split like torch.chunk, outputs gathered with their
-structure, gradients back through both, and clear errors for batches that cannot be split."""
+structure like torch.cat, gradients back through both, and clear errors for batches that cannot be split.
+
+References: ``torch.chunk`` and ``torch.cat`` for the values; for the gradients, the same computation
+on the unsplit batch (a row-wise function, so splitting it must not change any gradient).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import pytest
 import torch
 
 from gpulab.devices import logical_devices, placement
+from gpulab.parallel import comm
 from gpulab.parallel.dp.scatter_gather import batch_rows, gather, scatter, scatter_kwargs
 
 Pair = namedtuple("Pair", "x mask")
@@ -104,3 +109,70 @@ def test_batch_rows() -> None:
     assert batch_rows({"a": torch.ones(7, 2), "b": [torch.ones(7)]}) == 7
     assert batch_rows(("no", "tensors")) is None
     assert batch_rows(torch.ones(2, 9), dim=1) == 9
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 13])
+@pytest.mark.parametrize("dim", [0, 1])
+def test_scatter_then_gather_is_chunk_then_cat(devs, rows, dim) -> None:
+    x = torch.randn(rows, rows + 1, 3) if dim == 0 else torch.randn(3, rows, 2)
+    pieces = scatter(x, devs, dim=dim)
+    ref = x.chunk(len(devs), dim=dim)
+    assert len(pieces) == len(ref)
+    for p, r, d in zip(pieces, ref, devs):
+        assert torch.equal(p, r) and placement(p) == d
+    back = gather(pieces, devs[-1], dim=dim)
+    assert torch.equal(back, torch.cat(ref, dim=dim)) and torch.equal(back, x)
+    assert placement(back) == devs[-1]
+
+
+def test_scatter_kwargs_values_are_the_chunks(devs) -> None:
+    x, scale = torch.randn(7, 2), torch.randn(7)
+    args, kwargs = scatter_kwargs((x, "tag"), {"scale": scale}, devs)
+    assert len(args) == len(kwargs) == len(x.chunk(4))
+    for i, (a, k) in enumerate(zip(args, kwargs)):
+        assert torch.equal(a[0], x.chunk(4)[i]) and a[1] == "tag"
+        assert torch.equal(k["scale"], scale.chunk(4)[i])
+
+
+def test_backward_through_scatter_and_gather_equals_the_unsplit_computation(devs) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(7, 3, dtype=torch.double, requires_grad=True)
+    w = torch.randn(3, 5, dtype=torch.double, requires_grad=True)
+    coeff = torch.randn(7, 5, dtype=torch.double)
+    pieces = scatter(x, devs)
+    weights = comm.broadcast(w, devs[: len(pieces)])  # one copy per device, as replicate does
+    y = gather([torch.tanh(p) @ wi for p, wi in zip(pieces, weights)], devs[0])
+    x_ref, w_ref = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    y_ref = torch.tanh(x_ref) @ w_ref
+    torch.testing.assert_close(y, y_ref)
+    (y * coeff).sum().backward()
+    (y_ref * coeff).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    torch.testing.assert_close(w.grad, w_ref.grad)  # the copies' gradients summed back
+
+
+def test_backward_of_a_nested_batch_equals_the_unsplit_computation(devs) -> None:
+    torch.manual_seed(0)
+    a = torch.randn(6, 4, dtype=torch.double, requires_grad=True)
+    b = torch.randn(6, 4, dtype=torch.double, requires_grad=True)
+    pieces = scatter({"a": a, "pair": Pair(b, torch.arange(6)), "n": 2}, devs)
+    outs = [{"prod": d["a"] * d["pair"].x ** d["n"], "rows": d["pair"].mask} for d in pieces]
+    got = gather(outs, devs[1])
+    assert torch.equal(got["rows"], torch.arange(6))
+    a_ref, b_ref = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    ref = a_ref * b_ref ** 2
+    torch.testing.assert_close(got["prod"], ref)
+    got["prod"].sin().sum().backward()
+    ref.sin().sum().backward()
+    torch.testing.assert_close(a.grad, a_ref.grad)
+    torch.testing.assert_close(b.grad, b_ref.grad)
+
+
+def test_per_replica_losses_gather_into_a_vector_with_their_gradients(devs) -> None:
+    x = torch.randn(8, 3, requires_grad=True)
+    losses = gather([p.square().sum() for p in scatter(x, devs)], devs[0])
+    torch.testing.assert_close(losses, torch.stack([c.square().sum() for c in x.detach().chunk(4)]))
+    weights = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    (losses * weights).sum().backward()
+    expected = 2 * x.detach() * weights.repeat_interleave(2).unsqueeze(1)  # rows 2i, 2i+1 are replica i's
+    torch.testing.assert_close(x.grad, expected)
