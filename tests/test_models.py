@@ -87,7 +87,7 @@ def test_bottleneck_equals_its_functional_composition(cin: int, planes: int, str
 def test_resnet_equals_stem_blocks_and_head_written_out(depth: int) -> None:
     torch.manual_seed(0)
     model = _randomise_norms(resnet(depth, num_classes=7, width=8))
-    x = torch.randn(2, 3, 32, 32, dtype=torch.double)
+    x = torch.randn(2, 3, 64, 64, dtype=torch.double)  # 2x2 left for the head's average pooling
     stem, head = model.stages[0], model.stages[-1]
     y = F.max_pool2d(F.relu(_bn(F.conv2d(x, stem[0].weight, stride=2, padding=3), stem[1])), 3, 2, 1)
     ref_block = _basic_ref if depth == 18 else _bottleneck_ref
