@@ -1,4 +1,4 @@
-"""gpulab.memory.MemoryMeter against analytic byte counts: a Linear layer, transfers, views, frees,
+"""gpulab.memory.meter: MemoryMeter against analytic byte counts: a Linear layer, transfers, views, frees,
 peaks, budgets, replicas in threads, backward attribution, nesting and misuse.
 
 Sizes are float32 (4 bytes): a (B, n) activation is B * n * 4 bytes of storage.
@@ -7,20 +7,16 @@ Sizes are float32 (4 bytes): a (B, n) activation is B * n * 4 bytes of storage.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
-import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from gpulab.devices import logical_devices, placement
-from gpulab.memory import MemoryMeter, MemoryReport, format_bytes
+from gpulab.memory import MemoryMeter
 from gpulab.parallel import comm
 
-matplotlib.use("Agg")
 F32 = 4
 
 
@@ -135,19 +131,6 @@ def test_a_transfer_to_a_device_outside_the_meters_list_names_the_fix(devs) -> N
         assert meter.live(devs[1]) == 0  # nothing was copied
         y = comm.to(x, devs[1])
     assert placement(comm.to(y, devs[2])) == devs[2]  # the list applies only while that meter is active
-
-
-def test_attribution_rules(devs) -> None:
-    with MemoryMeter() as meter:
-        with devs[2]:
-            a = torch.empty(100)  # no inputs: the thread's current device
-        b = comm.to(torch.ones(10), devs[1])
-        with devs[2]:
-            c = b * 2  # the inputs' device beats the current device
-        d = torch.empty(7)  # neither: device 0
-        pair = torch._foreach_mul([a, b], 2.0)  # list ops: each output goes with its own inputs
-        assert [placement(t) for t in (a, c, d, *pair)] == [devs[2], devs[1], devs[0], devs[2], devs[1]]
-        assert meter.live(devs[2]) == 2 * 100 * F32
 
 
 def test_budget_raises_a_cuda_shaped_out_of_memory_error(devs) -> None:
@@ -314,82 +297,6 @@ def test_loss_on_each_device_balances_memory(devs) -> None:
     # balanced: each device sums its own output (O, then a 4-byte loss); device 0 gathers 4 losses
     assert [r.peak for r in balanced.rows] == [P + O + F32] + [P + C + O + F32] * 3
     assert gathered.imbalance > 1.7 and balanced.imbalance < 1.02
-
-
-def test_threads_and_pools_each_get_their_own_mode(devs) -> None:
-    pool = ThreadPoolExecutor(2)  # made, and its threads started, before the meter
-    list(pool.map(torch.ones, [1, 1]))
-    original_start, original_submit = threading.Thread.start, ThreadPoolExecutor.submit
-
-    class Worker(threading.Thread):  # a subclass that overrides run
-        def run(self) -> None:
-            with devs[3]:
-                self.mode = _get_current_dispatch_mode()
-                self.out = torch.empty(300)
-
-    with MemoryMeter() as meter:
-        worker = Worker()
-        worker.start()
-        worker.join()
-
-        def task(i):
-            with devs[i]:
-                return _get_current_dispatch_mode(), torch.empty(100)
-
-        results = list(pool.map(task, [1, 2]))
-        modes = {id(worker.mode), *(id(m) for m, _ in results), id(_get_current_dispatch_mode())}
-        assert len(modes) == 4  # one mode instance per thread...
-        assert all(m.meter is meter for m in [worker.mode, *(m for m, _ in results)])  # ...one meter
-        assert [meter.live(d) for d in devs] == [0, 400, 400, 1200]
-    assert threading.Thread.start is original_start and ThreadPoolExecutor.submit is original_submit
-    pool.shutdown()
-
-
-def test_a_thread_that_outlives_the_meter_is_harmless(devs) -> None:
-    go, done = threading.Event(), threading.Event()
-
-    def late() -> None:
-        go.wait(5)
-        torch.empty(1000) + 1  # after the meter exited: its mode here passes ops through
-        done.set()
-
-    with MemoryMeter() as meter:
-        t = threading.Thread(target=late)
-        t.start()
-    go.set()
-    assert done.wait(5)
-    t.join()
-    assert meter.peak(0) == 0
-
-
-def test_report_table_numbers_and_plots(devs) -> None:
-    x = torch.randn(100, 10)
-    meter = MemoryMeter(budget=2**20, devices=devs[:2])
-    with meter:
-        y = comm.to(x, devs[1])
-        z = y * 2
-    report = meter.report()
-    assert isinstance(report, MemoryReport)
-    text = str(report)
-    assert "logical:1 -> cpu (simulated)" in text and "simulated" in text.splitlines()[0]
-    assert format_bytes(2 * x.nbytes) in text and "imbalance" in text
-    numbers = report.to_dict()
-    assert numbers["devices"]["logical:1"] == {"live": 2 * x.nbytes, "peak": 2 * x.nbytes, "allocated": 2 * x.nbytes}
-    assert numbers["imbalance"] == float("inf")  # device 0 held nothing
-    assert repr(report) == text
-    ax = report.plot()
-    assert len(ax.patches) == 4  # peak and live bars for two devices
-    ax = meter.plot_timeline()
-    assert len(ax.lines) == 2  # device 1's line and the budget
-    events = meter.timeline()
-    assert [live for _, _, live in events] == [x.nbytes, 2 * x.nbytes]
-    assert "peaks" in repr(meter)
-    del y, z
-
-
-def test_format_bytes() -> None:
-    assert [format_bytes(n) for n in (512, 1536, 3 * 2**20, 5 * 2**30)] == [
-        "512 bytes", "1.50 KiB", "3.00 MiB", "5.00 GiB"]
 
 
 @pytest.mark.gpu
