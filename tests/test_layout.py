@@ -212,3 +212,10 @@ def test_every_gpulab_import_in_the_lab_notebooks_resolves() -> None:
         except ImportError as err:
             broken.append(f"{nb}: {'import ' + module if name is None else f'from {module} import {name}'} ({err})")
     assert broken == [], "\n".join(broken)
+
+
+def test_the_lab_notebooks_import_no_private_name() -> None:
+    private = sorted({f"{nb}: {module}{'' if name is None else ' import ' + name}"
+                      for nb, module, name in _notebook_imports()
+                      if any(part.startswith("_") for part in module.split(".")) or (name or "").startswith("_")})
+    assert private == [], "use a public name (REFERENCES, the package's __all__): " + "; ".join(private)
