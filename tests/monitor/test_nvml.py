@@ -4,7 +4,6 @@ readings become arrays (an unsupported reading is NaN)."""
 from __future__ import annotations
 
 import sys
-import time
 import types
 
 import numpy as np
@@ -12,13 +11,7 @@ import numpy as np
 from gpulab.monitor import UtilizationMonitor
 from gpulab.monitor import view as monitor_view
 
-
-def _wait_for_samples(mon: UtilizationMonitor, n: int, timeout: float = 10.0, work=None) -> None:
-    """Run ``work()`` (or sleep) until the monitor has ``n`` samples; a loaded machine may be slow."""
-    deadline = time.perf_counter() + timeout
-    while len(mon.samples) < n and time.perf_counter() < deadline:
-        work() if work else time.sleep(0.01)
-    assert len(mon.samples) >= n, f"only {len(mon.samples)} samples in {timeout} s"
+from .sampling import wait_for_samples
 
 
 def test_nvml_that_fails_to_load_is_reported_and_cpu_sampling_goes_on(monkeypatch) -> None:
@@ -29,7 +22,7 @@ def test_nvml_that_fails_to_load_is_reported_and_cpu_sampling_goes_on(monkeypatc
 
     monkeypatch.setattr(pynvml, "nvmlInit", broken_init)
     with UtilizationMonitor(interval=0.02) as mon:
-        _wait_for_samples(mon, 3)
+        wait_for_samples(mon, 3)
     assert "NVML could not start" in mon.status and "sampling CPU only" in mon.status
     assert len(mon.samples) >= 3 and mon.gpu_util.shape[1] == 0 and not mon.errors
 
@@ -59,7 +52,7 @@ def test_gpu_readings_from_nvml_become_arrays(monkeypatch) -> None:
     fake = _fake_nvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     with UtilizationMonitor(interval=0.02) as mon:
-        _wait_for_samples(mon, 3)
+        wait_for_samples(mon, 3)
     a = mon.arrays()
     assert a["gpu_util"].shape[1] == 2
     assert np.all(a["gpu_util"][:, 0] == 97.0) and np.all(a["gpu_util"][:, 1] == 5.0)

@@ -9,14 +9,6 @@ from gpulab.accel import spin
 from gpulab.monitor import UtilizationMonitor
 
 
-def _wait_for_samples(mon: UtilizationMonitor, n: int, timeout: float = 10.0, work=None) -> None:
-    """Run ``work()`` (or sleep) until the monitor has ``n`` samples; a loaded machine may be slow."""
-    deadline = time.perf_counter() + timeout
-    while len(mon.samples) < n and time.perf_counter() < deadline:
-        work() if work else time.sleep(0.01)
-    assert len(mon.samples) >= n, f"only {len(mon.samples)} samples in {timeout} s"
-
-
 def _spin_child(seconds: float) -> None:
     spin(seconds)
 

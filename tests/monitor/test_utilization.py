@@ -12,13 +12,7 @@ import pytest
 from gpulab.accel import SimAccelerator, spin
 from gpulab.monitor import UtilizationMonitor
 
-
-def _wait_for_samples(mon: UtilizationMonitor, n: int, timeout: float = 10.0, work=None) -> None:
-    """Run ``work()`` (or sleep) until the monitor has ``n`` samples; a loaded machine may be slow."""
-    deadline = time.perf_counter() + timeout
-    while len(mon.samples) < n and time.perf_counter() < deadline:
-        work() if work else time.sleep(0.01)
-    assert len(mon.samples) >= n, f"only {len(mon.samples)} samples in {timeout} s"
+from .sampling import wait_for_samples
 
 
 def _monitor_threads() -> list[threading.Thread]:
@@ -28,7 +22,7 @@ def _monitor_threads() -> list[threading.Thread]:
 def test_samples_cpu_cores_and_this_process_without_a_gpu(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # as if nvidia-ml-py were not installed
     with UtilizationMonitor(interval=0.02) as mon:
-        _wait_for_samples(mon, 6, work=lambda: spin(0.05))  # this thread keeps one core busy
+        wait_for_samples(mon, 6, work=lambda: spin(0.05))  # this thread keeps one core busy
     a = mon.arrays()
     n = len(a["t"])
     assert n >= 5 and np.all(np.diff(a["t"]) > 0)
@@ -45,7 +39,7 @@ def test_simulated_accelerator_reads_like_gpu_util() -> None:
     acc = SimAccelerator()
     acc.compute(10.0)  # busy for the whole run
     with UtilizationMonitor(interval=0.03, accelerators=[acc], nvml=False) as mon:
-        _wait_for_samples(mon, 3)
+        wait_for_samples(mon, 3)
     util = mon.arrays()["sim_util"][:, 0]
     assert len(util) >= 3 and np.all(util > 95)
     assert "simulated" in mon.gpu_names[0]
@@ -55,7 +49,7 @@ def test_no_thread_is_left_running_after_an_exception() -> None:
     before = len(_monitor_threads())
     with pytest.raises(ZeroDivisionError):
         with UtilizationMonitor(interval=0.01) as mon:
-            _wait_for_samples(mon, 1)
+            wait_for_samples(mon, 1)
             1 / 0
     assert not mon.running and len(_monitor_threads()) == before
     assert len(mon.samples) >= 1  # what was measured before the error is kept

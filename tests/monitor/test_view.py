@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import matplotlib
 import pytest
 
@@ -11,21 +9,15 @@ from gpulab.accel import SimAccelerator
 from gpulab.monitor import UtilizationMonitor
 from gpulab.monitor import view as monitor_view
 
+from .sampling import wait_for_samples
+
 matplotlib.use("Agg")
-
-
-def _wait_for_samples(mon: UtilizationMonitor, n: int, timeout: float = 10.0, work=None) -> None:
-    """Run ``work()`` (or sleep) until the monitor has ``n`` samples; a loaded machine may be slow."""
-    deadline = time.perf_counter() + timeout
-    while len(mon.samples) < n and time.perf_counter() < deadline:
-        work() if work else time.sleep(0.01)
-    assert len(mon.samples) >= n, f"only {len(mon.samples)} samples in {timeout} s"
 
 
 def test_live_view_headless_prints_the_summary_once(capsys) -> None:
     with UtilizationMonitor(interval=0.02, nvml=False) as mon:
         assert mon.live() is None
-        _wait_for_samples(mon, 1)
+        wait_for_samples(mon, 1)
     out = capsys.readouterr().out
     assert "needs a Jupyter kernel" in out and out.count("samples over") == 1
 
@@ -37,7 +29,7 @@ def test_live_view_in_a_kernel_updates_its_widget(monkeypatch) -> None:
     with UtilizationMonitor(interval=0.02, accelerators=[acc], nvml=False) as mon:
         widget = mon.live(refresh=0.0)
         acc.compute(1.0)
-        _wait_for_samples(mon, 2)
+        wait_for_samples(mon, 2)
         assert "sim:0" in widget.value and "cpu cores" in widget.value
     assert widget.value.startswith("<pre>[stopped]")
 
@@ -47,6 +39,6 @@ def test_plot_has_device_and_cpu_panels() -> None:
     with UtilizationMonitor(interval=0.02, accelerators=[acc], nvml=False) as mon:
         acc.compute(0.05)
         mon.mark("work")
-        _wait_for_samples(mon, 3)
+        wait_for_samples(mon, 3)
     fig = mon.plot()
     assert len(fig.axes) == 2 and fig.axes[0].lines and fig.axes[1].lines
