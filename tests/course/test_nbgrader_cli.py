@@ -11,7 +11,7 @@ import pytest
 from conftest import COURSE
 
 from gpulab.course.nbgrader_cli import find_labs, nbgrader, nbgrader_env
-from gpulab.labs import lab_ids
+from gpulab.labs import LABS
 
 
 def test_this_interpreters_folder_goes_first_on_path(monkeypatch) -> None:
@@ -28,7 +28,7 @@ def test_find_labs_lists_folders_with_a_notebook(tmp_path: Path) -> None:
         if has_notebook:
             (tmp_path / "source" / name / f"{name}.ipynb").write_text("{}")
     assert find_labs(tmp_path) == ["00_a", "01_b"]
-    assert find_labs(COURSE) == lab_ids()
+    assert find_labs(COURSE) == [lab.id for lab in LABS]
     with pytest.raises(FileNotFoundError, match="--course notebooks"):
         find_labs(tmp_path / "nowhere")
 

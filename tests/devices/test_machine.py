@@ -72,7 +72,8 @@ def test_usable_gpus_are_none_on_a_cpu_build() -> None:
 
 def test_this_machine_agrees_with_torch() -> None:
     spec = MachineSpec.this_machine()
-    assert spec.cuda_build == (torch.version.cuda is not None)
+    # a ROCm build drives its GPUs through torch.cuda as well
+    assert spec.cuda_build == (torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None)
     assert spec.num_gpus == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     assert spec.nccl == (dist.is_available() and dist.is_nccl_available())
     assert spec.usable_gpus == cuda_device_count()
