@@ -255,12 +255,14 @@ def test_a_recent_driver_with_invisible_gpus_names_the_cause(server, visible, co
 
 @pytest.mark.parametrize("error, nvml", [
     (type("NVMLError_LibraryNotFound", (Exception,), {})("NVML Shared Library Not Found"), "missing"),
-    (RuntimeError("GPU is lost"), "error: GPU is lost"),
+    (RuntimeError("GPU is lost"), "error: "),
 ])
 def test_nvml_that_cannot_start_is_reported_not_raised(server, error, nvml) -> None:
     server(nvml_init_error=error)
     facts = doctor.probe()
-    assert facts.nvml == nvml and facts.gpus == [] and facts.driver_version is None
+    assert facts.nvml.startswith(nvml) and facts.gpus == [] and facts.driver_version is None
+    if nvml != "missing":
+        assert "GPU is lost" in facts.nvml  # the driver's own words reach the report
     assert facts.torch_cuda_build == "12.8" and facts.cpu_count == 16  # the other probes still ran
 
 
