@@ -1,5 +1,9 @@
 """Shared test set-up: GPU tiers and a summary of how long each lab took in the nbgrader pipeline.
 
+tests/ mirrors the package: the tests of gpulab/<package>/<module>.py are in
+tests/<package>/test_<module>.py (the sub-folders are packages, so names may repeat across them);
+the notebook pipeline tests, the layout test and the shared fixtures stay at this level.
+
 Markers (see pyproject.toml): ``gpu`` and ``multigpu`` tests are skipped where torch cannot see
 enough CUDA devices; ``notebook`` marks the slow end-to-end lab runs (``make test-fast`` skips them).
 """

@@ -155,7 +155,7 @@ def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_s
         module = MLP(sizes).to(device)
         model = NaiveDDP(module) if wrapper == "naive" else BucketedDDP(module, bucket_size_mb=sum(
             p.numel() * p.element_size() for p in module.parameters()) / 3 / 2**20)  # about 3 buckets
-        per_sync = model.num_buckets if wrapper == "bucketed" else len(list(module.parameters()))
+        per_sync = len(model.buckets) if wrapper == "bucketed" else len(list(module.parameters()))
         opt = torch.optim.SGD(module.parameters(), lr=0.2, momentum=0.9)
         runs.append({"name": name, "fn": fn, "model": model, "opt": opt, "per_sync": per_sync, "calls": 0, "times": [],
                      "banned": forbidden if name != "reference" else ()})

@@ -1,0 +1,25 @@
+"""gpulab.course.feedback: hidden tests leave no trace (code or traceback) in the feedback HTML."""
+
+from __future__ import annotations
+
+import nbformat
+
+from gpulab.course import feedback as fb
+
+
+def test_hide_hidden_tests_removes_the_code_and_its_traceback() -> None:
+    from nbconvert import HTMLExporter
+
+    cell = nbformat.v4.new_code_cell("check(f(1) == 1)\n### BEGIN HIDDEN TESTS\nsecret_case_value = f(12345)\n"
+                                     "### END HIDDEN TESTS", outputs=[nbformat.v4.new_output(
+                                         "error", ename="GradingError", evalue="f(12345): expected 1",
+                                         traceback=["line 3: secret_case_value = f(12345)"])])
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    lines = {"secret_case_value = f(12345)"}
+    raw, _ = HTMLExporter().from_notebook_node(nb)
+    assert fb.leaks(raw, lines) == sorted(lines)  # the leak check sees code split by syntax highlighting
+    fb.HideHiddenTests().preprocess_cell(cell, {}, 0)
+    assert cell.source == "check(f(1) == 1)"
+    assert cell.outputs[0].traceback[0] == "GradingError: f(12345): expected 1"
+    clean, _ = HTMLExporter().from_notebook_node(nb)
+    assert fb.leaks(clean, lines) == []

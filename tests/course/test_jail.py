@@ -1,0 +1,80 @@
+"""gpulab.course.jail: the kernel's box refuses writes outside it, reads of the instructor's files and too much
+memory, and logs what it refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from gpulab.course import notes
+from gpulab.course.jail import landlock_abi
+
+
+def _jail(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "probe_mod.py").write_text(code)
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "gpulab.course.jail", *args, "--", "-m", "probe_mod"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+
+
+def test_jail_refuses_writes_outside_and_logs_them(tmp_path: Path) -> None:
+    ok, outside = tmp_path / "ok", tmp_path / "outside"
+    ok.mkdir()
+    outside.mkdir()
+    code = f"""
+import os, ctypes
+open({str(ok / 'fine.txt')!r}, "w").write("ok")
+for path in [{str(outside / 'py.txt')!r}, {str(ok / '..' / 'outside' / 'dots.txt')!r}]:
+    try:
+        open(path, "w").write("x")
+    except PermissionError as err:
+        print("refused", err)
+libc = ctypes.CDLL(None, use_errno=True)
+print("ctypes fd", libc.open({str(outside / 'c.txt').encode()!r}, os.O_WRONLY | os.O_CREAT, 0o644))
+"""
+    proc = _jail(tmp_path, code, "--write", str(ok), "--audit-log", str(tmp_path / "log.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    assert (ok / "fine.txt").read_text() == "ok"
+    assert proc.stdout.count("refused gpulab grading sandbox") == 2
+    assert not (outside / "py.txt").exists() and not (outside / "dots.txt").exists()
+    landlock, refused, reads = notes.read_write_log(tmp_path / "log.jsonl")
+    assert refused == [str(outside / "py.txt"), str(outside / "dots.txt")] and reads == []
+    assert landlock == bool(landlock_abi())
+    if landlock:  # Landlock also stops what bypasses Python's file API
+        assert "ctypes fd -1" in proc.stdout and not (outside / "c.txt").exists()
+
+
+def test_jail_refuses_reading_the_instructors_files_and_logs_it(tmp_path: Path) -> None:
+    secret, public = tmp_path / "course" / "source", tmp_path / "public"
+    secret.mkdir(parents=True)
+    public.mkdir()
+    (secret / "answers.txt").write_text("hidden tests")
+    (public / "data.txt").write_text("data")
+    code = f"""
+import subprocess
+print("public", open({str(public / 'data.txt')!r}).read())
+for path in [{str(secret / 'answers.txt')!r}, {str(public / '..' / 'course' / 'source' / 'answers.txt')!r}]:
+    try:
+        print("LEAK", open(path).read())
+    except PermissionError as err:
+        print("refused", err)
+print("cat says", subprocess.run(["cat", {str(secret / 'answers.txt')!r}], capture_output=True, text=True).stdout or "nothing")
+import torch  # the libraries stay readable
+"""
+    proc = _jail(tmp_path, code, "--no-read", str(tmp_path / "course"), "--audit-log", str(tmp_path / "log.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    assert "public data" in proc.stdout and "LEAK" not in proc.stdout
+    assert proc.stdout.count("refused gpulab grading sandbox: reading") == 2
+    landlock, refused, reads = notes.read_write_log(tmp_path / "log.jsonl")
+    assert refused == [] and reads == [str(secret / "answers.txt")]  # both spellings resolve to one file
+    if landlock:
+        assert "cat says nothing" in proc.stdout
+    assert notes.write_notes([], [], reads) == [f"tried to read the instructor's files: {secret / 'answers.txt'} (refused)"]
+
+
+def test_jail_memory_limit_raises_memory_error_in_the_student_code(tmp_path: Path) -> None:
+    code = "try:\n    b = bytearray(1536 * 2**20)\nexcept MemoryError:\n    print('MemoryError')\n"
+    proc = _jail(tmp_path, code, "--memory-mb", "512")
+    assert proc.returncode == 0 and "MemoryError" in proc.stdout, proc.stderr
+    assert "MemoryError" not in _jail(tmp_path, code, "--memory-mb", "0").stdout

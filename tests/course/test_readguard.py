@@ -1,0 +1,24 @@
+"""gpulab.course.readguard: the read grant covers everything but the denied folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def test_readable_paths_grant_everything_but_the_denied_folders(tmp_path: Path) -> None:
+    from gpulab.course.readguard import readable_paths
+    (tmp_path / "course" / "source").mkdir(parents=True)
+    (tmp_path / "course" / "release").mkdir()
+    (tmp_path / "course" / "gradebook.db").write_text("")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "course" / "source")
+    grant = readable_paths([str(tmp_path / "course" / "source"), str(tmp_path / "course" / "gradebook.db")])
+    assert str(tmp_path / "lib") in grant and str(tmp_path / "course" / "release") in grant
+    assert not any(g.startswith(str(tmp_path / "course" / "source")) for g in grant)
+    assert str(tmp_path / "course") not in grant and str(tmp_path) not in grant  # ancestors are expanded, not granted
+    assert str(tmp_path / "course" / "gradebook.db") not in grant and str(tmp_path / "link") not in grant
+    assert "/usr" in grant
+    with pytest.raises(ValueError, match="could not load Python"):
+        readable_paths(["/"])

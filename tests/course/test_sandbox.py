@@ -1,0 +1,33 @@
+"""gpulab.course.sandbox: limits are checked with the fix, and the kernel's environment keeps every cache
+in its box."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpulab.course.sandbox import Limits
+
+
+def test_limits_reject_bad_values_with_the_fix() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Limits(wall_s=0)
+    with pytest.raises(ValueError, match="at least 256 MiB"):
+        Limits(memory_mb=100)
+    with pytest.raises(ValueError, match="'data' or 'as'"):
+        Limits(memory_rlimit="rss")
+    assert Limits(memory_mb=0).memory_mb == 0  # 0 switches the cap off
+
+
+def test_kernel_environment_keeps_every_cache_in_the_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch writes TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_<user> into os.environ the first time
+    # the grader process imports torch._dynamo; a kernel that inherits it writes outside its box.
+    import torch._dynamo  # noqa: F401
+
+    from gpulab.course.sandbox import _env
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_elsewhere")
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    env = _env(tmp_path, Limits())
+    for key in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
+        assert Path(env[key]).is_relative_to(tmp_path / "tmp"), (key, env[key])

@@ -1,0 +1,277 @@
+"""gpulab.devices.doctor: facts from simulated machines give the right problems; probing never raises;
+the report's content (JSON keys and values, the printed lines) is what a known machine implies.
+
+The "known machine" tests fake what the probes read (a pynvml module, torch.cuda, torch.distributed,
+os, psutil), so every fact and the whole report are known in advance, on any machine.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import platform
+import shutil
+import sys
+import types
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from gpulab.devices import doctor
+from gpulab.devices.doctor import Facts, GpuInfo
+from gpulab.labs import LABS
+
+
+def codes(f: Facts) -> list[str]:
+    return [p.code for p in doctor.diagnose(f)]
+
+
+A100 = GpuInfo(0, "NVIDIA A100", 80 * 2**30, "8.0")
+
+
+def test_cpu_only_laptop_is_healthy_and_says_so() -> None:
+    f = Facts(torch_version="2.13.0+cpu", nvml="missing", cpu_count=4, ram_bytes=16 * 2**30)
+    assert codes(f) == []
+    rep = doctor.report(f)
+    assert rep["mode"] == "cpu-only"
+    text = doctor.format_report(rep)
+    assert "CPU-only machine" in text and "No problems found" in text
+    modes = {row["lab"]: row["mode"] for row in rep["labs"]}
+    assert modes["00_setup"] == "real" and modes["04_dataparallel"] == "logical"
+
+
+def test_cpu_build_on_gpu_machine_names_the_cuda_wheel() -> None:
+    f = Facts(torch_version="2.13.0+cpu", nvml="ok", gpus=[A100, A100], driver_cuda_version="12.4")
+    [p] = doctor.diagnose(f)
+    assert p.code == "cpu-build-on-gpu-machine"
+    assert "download.pytorch.org/whl/cu" in p.fix and "2.13.0" in p.fix
+
+
+def test_cpu_build_with_nvidia_smi_but_no_nvml() -> None:
+    assert codes(Facts(torch_cuda_build=None, nvml="missing", nvidia_smi=True)) == ["cpu-build-on-gpu-machine"]
+
+
+def test_driver_older_than_build() -> None:
+    f = Facts(torch_cuda_build="12.8", cuda_available=False, nvml="ok", gpus=[A100],
+              driver_version="470.82", driver_cuda_version="11.4")
+    assert codes(f) == ["driver-too-old"]
+    assert "12.8" in doctor.diagnose(f)[0].fix
+
+
+def test_minor_version_behind_but_working_is_not_a_problem() -> None:
+    f = Facts(torch_cuda_build="12.8", cuda_available=True, torch_gpu_count=1, nvml="ok", gpus=[A100],
+              driver_cuda_version="12.4", cudnn_version=91000, cudnn_check="ok")
+    assert codes(f) == []
+
+
+def test_versions_compare_as_numbers() -> None:
+    f = Facts(torch_cuda_build="12.8", cuda_available=True, torch_gpu_count=1, nvml="ok", gpus=[A100],
+              driver_cuda_version="12.10", cudnn_version=91000, cudnn_check="ok")
+    assert codes(f) == []
+
+
+def test_gpus_hidden_by_cuda_visible_devices() -> None:
+    f = Facts(torch_cuda_build="12.8", cuda_available=False, nvml="ok", gpus=[A100],
+              driver_cuda_version="12.8", cuda_visible_devices="")
+    [p] = doctor.diagnose(f)
+    assert p.code == "gpus-hidden" and "CUDA_VISIBLE_DEVICES" in p.fix
+
+
+def test_cudnn_failure_is_explained() -> None:
+    f = Facts(torch_cuda_build="12.8", cuda_available=True, torch_gpu_count=1, nvml="ok", gpus=[A100],
+              driver_cuda_version="12.8", cudnn_version=91000, cudnn_check="CUDNN_STATUS_NOT_INITIALIZED")
+    [p] = doctor.diagnose(f)
+    assert p.code == "cudnn" and "LD_LIBRARY_PATH" in p.fix and "out of memory" in p.fix
+
+
+def test_lab_modes_follow_the_gpu_count() -> None:
+    two = Facts(cuda_available=True, torch_gpu_count=2)
+    modes = {row["lab"]: row for row in doctor.lab_modes(two)}
+    assert modes["06_ddp"]["mode"] == "real"
+    assert modes["04_dataparallel"]["mode"] == "logical" and "cuda:0" in modes["04_dataparallel"]["where"]
+
+
+def test_probe_without_nvml_module(monkeypatch) -> None:
+    real_import = builtins.__import__
+
+    def no_pynvml(name, *args, **kwargs):
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+    f = doctor.probe()
+    assert f.nvml == "missing"
+    assert f.torch_version == torch.__version__
+
+
+def test_probe_reports_instead_of_raising(monkeypatch) -> None:
+    def broken(*_a, **_k):
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(torch.cuda, "is_available", broken)
+    monkeypatch.setattr(doctor, "_probe_host", broken)
+    f = doctor.probe()
+    assert any("driver exploded" in e for e in f.errors)
+    text = doctor.format_report(doctor.report(f))
+    assert "Probes that failed" in text
+
+
+def test_probe_of_this_machine_matches_torch() -> None:
+    f = doctor.probe()
+    assert f.torch_cuda_build == torch.version.cuda
+    assert f.gloo_available == torch.distributed.is_gloo_available()
+    assert f.cpu_count and f.cpu_count >= 1
+
+
+def test_cli_json_and_exit_status(capsys) -> None:
+    assert doctor.main(["--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert set(rep) == {"mode", "facts", "problems", "labs"}
+    assert set(rep["facts"]) == FACT_KEYS
+    assert rep["facts"]["torch_version"] == torch.__version__ and rep["facts"]["torch_cuda_build"] == torch.version.cuda
+    assert all(set(p) == {"code", "message", "fix"} for p in rep["problems"])
+    assert [row["lab"] for row in rep["labs"]] == [lab.id for lab in LABS]
+    assert doctor.main([]) == 0
+    assert "gpulab doctor" in capsys.readouterr().out
+
+
+# --- a known machine, faked where the probes look ----------------------------------------------
+
+# The JSON report's facts: a contract with scripts that read ``--json``, so written out by hand.
+FACT_KEYS = {
+    "python", "platform", "torch_version", "torch_cuda_build", "cuda_available", "torch_gpu_count",
+    "cudnn_version", "cudnn_check", "nvml", "driver_version", "driver_cuda_version", "gpus", "nvidia_smi",
+    "cuda_visible_devices", "nccl_available", "gloo_available", "cpu_count", "cpu_count_physical", "ram_bytes",
+    "errors",
+}
+A100_80 = {"name": "NVIDIA A100-SXM4-80GB", "memory_total_bytes": 80 * 2**30, "compute_capability": "8.0"}
+
+
+def _fake_pynvml(driver_cuda: int, init_error: Exception | None = None) -> types.SimpleNamespace:
+    def init() -> None:
+        if init_error is not None:
+            raise init_error
+
+    return types.SimpleNamespace(
+        nvmlInit=init, nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: b"550.54.15",
+        nvmlSystemGetCudaDriverVersion=lambda: driver_cuda,  # NVML's encoding: 1000 * major + 10 * minor
+        nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: A100_80["name"].encode(),
+        nvmlDeviceGetCudaComputeCapability=lambda h: (8, 0),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=A100_80["memory_total_bytes"]),
+    )
+
+
+@pytest.fixture
+def server(monkeypatch):
+    """A server with 2 A100s and driver 550.54.15, torch's CUDA 12.8 build, and torch seeing no GPU.
+
+    Returns a function that installs it, with the driver's CUDA version and CUDA_VISIBLE_DEVICES as knobs.
+    """
+
+    def install(driver_cuda: int = 12040, visible: str | None = None, nvml_init_error: Exception | None = None):
+        monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(driver_cuda, nvml_init_error))
+        monkeypatch.setattr(torch.version, "cuda", "12.8")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
+        monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+        monkeypatch.setattr(dist, "is_gloo_available", lambda: True)
+        monkeypatch.setattr(os, "cpu_count", lambda: 16)
+        monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 16 if logical else 8)
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=64 * 2**30))
+        monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+
+    return install
+
+
+def test_the_probe_of_a_known_machine_gives_every_fact(server) -> None:
+    server()
+    facts = doctor.report(doctor.probe())["facts"]
+    assert facts == {
+        "python": platform.python_version(), "platform": platform.platform(), "torch_version": torch.__version__,
+        "torch_cuda_build": "12.8", "cuda_available": False, "torch_gpu_count": 0,
+        "cudnn_version": 91000, "cudnn_check": None,
+        "nvml": "ok", "driver_version": "550.54.15", "driver_cuda_version": "12.4",
+        "gpus": [{"index": 0, **A100_80}, {"index": 1, **A100_80}],
+        "nvidia_smi": True, "cuda_visible_devices": None, "nccl_available": True, "gloo_available": True,
+        "cpu_count": 16, "cpu_count_physical": 8, "ram_bytes": 64 * 2**30, "errors": [],
+    }
+
+
+def test_the_json_report_of_a_known_machine(server, capsys) -> None:
+    server()
+    assert doctor.main(["--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["mode"] == "cpu-only"  # GPUs in the box, but torch cannot use them
+    assert [p["code"] for p in rep["problems"]] == ["driver-too-old"]
+    [p] = rep["problems"]
+    assert p["message"] == "torch was built for CUDA 12.8 but the driver 550.54.15 supports CUDA 12.4 at most"
+    assert "update the NVIDIA driver" in p["fix"] and "CUDA 12.8" in p["fix"]
+    rows = {row["lab"]: row for row in rep["labs"]}
+    assert list(rows) == [lab.id for lab in LABS]
+    assert all(set(row) == {"lab", "needs_gpus", "mode", "where"} for row in rows.values())
+    assert rows["00_setup"] == {"lab": "00_setup", "needs_gpus": 0, "mode": "real", "where": "cpu"}
+    assert rows["04_dataparallel"] == {"lab": "04_dataparallel", "needs_gpus": 4, "mode": "logical",
+                                       "where": "4 logical devices sharing cpu (simulated)"}
+    assert rows["06_ddp"] == {"lab": "06_ddp", "needs_gpus": 2, "mode": "logical", "where": "2 gloo processes sharing cpu"}
+
+
+def test_the_printed_report_of_a_known_machine(server, capsys) -> None:
+    server()
+    assert doctor.main([]) == 0
+    text = capsys.readouterr().out
+    for line in (
+        "mode:        cpu-only",
+        f"torch:       {torch.__version__} (CUDA 12.8 build)",
+        "CUDA:        not available; driver 550.54.15 (supports CUDA 12.4); NVML ok",
+        "cuDNN:       91000",
+        "backends:    nccl yes, gloo yes",
+        "CPU:         16 logical cores (8 physical), RAM 64.0 GiB",
+        "GPU 0:       NVIDIA A100-SXM4-80GB, 80.0 GiB, compute capability 8.0",
+        "GPU 1:       NVIDIA A100-SXM4-80GB, 80.0 GiB, compute capability 8.0",
+        "  [driver-too-old] torch was built for CUDA 12.8 but the driver 550.54.15 supports CUDA 12.4 at most",
+        "Labs on this machine:",
+    ):
+        assert line in text.splitlines(), f"missing line {line!r} in:\n{text}"
+    assert "No problems found" not in text and "Probes that failed" not in text
+
+
+@pytest.mark.parametrize("visible, code", [(None, "cuda-unavailable"), ("", "gpus-hidden")])
+def test_a_recent_driver_with_invisible_gpus_names_the_cause(server, visible, code) -> None:
+    server(driver_cuda=12080, visible=visible)
+    rep = doctor.report(doctor.probe())
+    assert rep["facts"]["driver_cuda_version"] == "12.8" and rep["facts"]["cuda_visible_devices"] == visible
+    assert [p["code"] for p in rep["problems"]] == [code]
+
+
+@pytest.mark.parametrize("error, nvml", [
+    (type("NVMLError_LibraryNotFound", (Exception,), {})("NVML Shared Library Not Found"), "missing"),
+    (RuntimeError("GPU is lost"), "error: "),
+])
+def test_nvml_that_cannot_start_is_reported_not_raised(server, error, nvml) -> None:
+    server(nvml_init_error=error)
+    facts = doctor.probe()
+    assert facts.nvml.startswith(nvml) and facts.gpus == [] and facts.driver_version is None
+    if nvml != "missing":
+        assert "GPU is lost" in facts.nvml  # the driver's own words reach the report
+    assert facts.torch_cuda_build == "12.8" and facts.cpu_count == 16  # the other probes still ran
+
+
+def test_a_single_gpu_machine_runs_the_one_gpu_labs_for_real() -> None:
+    f = Facts(torch_cuda_build="12.8", cuda_available=True, torch_gpu_count=1, nvml="ok",
+              gpus=[A100], driver_cuda_version="12.8", cudnn_version=91000, cudnn_check="ok")
+    rep = doctor.report(f)
+    assert rep["mode"] == "single-gpu" and rep["problems"] == []
+    rows = {row["lab"]: (row["mode"], row["where"]) for row in rep["labs"]}
+    assert rows["00_setup"] == ("real", "cpu + cuda") and rows["01_bottleneck"] == ("real", "1 GPU(s)")
+    assert rows["04_dataparallel"] == ("logical", "4 logical devices sharing cuda:0 (simulated)")
+    assert rows["07_model_parallel"] == ("logical", "2 logical devices sharing cuda:0, one thread each (simulated)")

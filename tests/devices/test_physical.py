@@ -1,0 +1,86 @@
+"""gpulab.devices.physical: the GPU count and the device lists agree with torch's own answers here, and
+with a faked torch.cuda (no GPU, two GPUs, a driver that raises, a CPU build); the count never asks
+``torch.cuda.is_available()``, which may initialise CUDA before ranks fork.
+
+The fakes replace what torch itself consults (``torch.cuda._is_compiled``, torch's "is this a CUDA
+build" test, and ``torch.cuda.device_count``), so the expected answers are known without a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpulab import devices
+from gpulab.devices import cuda_device_count, default_device, physical_devices
+
+CPU = torch.device("cpu")
+
+
+def _fake_cuda(monkeypatch, *, compiled: bool, count) -> None:
+    """Make torch.cuda report ``count`` GPUs (or raise, if ``count`` is an exception) on a CUDA or CPU build.
+
+    ``is_available`` and ``init`` raise: the functions under test must not reach for them.
+    """
+
+    def device_count() -> int:
+        if isinstance(count, BaseException):
+            raise count
+        return count
+
+    def must_not_be_called(*_a, **_k):
+        raise AssertionError("this call may initialise CUDA: forked ranks could no longer use the GPU")
+
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: compiled)
+    monkeypatch.setattr(torch.cuda, "device_count", device_count)
+    monkeypatch.setattr(torch.cuda, "is_available", must_not_be_called)
+    monkeypatch.setattr(torch.cuda, "init", must_not_be_called)
+
+
+def test_the_count_and_the_devices_agree_with_torch_on_this_machine() -> None:
+    torch_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert cuda_device_count() == torch_count
+    devs = physical_devices()
+    if torch_count == 0:
+        assert devs == [CPU] and default_device() == CPU
+    else:
+        assert devs == [torch.device("cuda", i) for i in range(torch_count)]
+        assert [torch.cuda.get_device_name(d) for d in devs]  # every device is one torch can open
+        assert default_device() == devs[0]
+
+
+def test_two_gpus(monkeypatch) -> None:
+    _fake_cuda(monkeypatch, compiled=True, count=2)
+    assert cuda_device_count() == 2
+    assert physical_devices() == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert default_device() == torch.device("cuda", 0)
+
+
+def test_a_cuda_build_without_gpus_falls_back_to_the_cpu(monkeypatch) -> None:
+    _fake_cuda(monkeypatch, compiled=True, count=0)
+    assert cuda_device_count() == 0
+    assert physical_devices() == [CPU] and default_device() == CPU
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA driver initialization failed"), OSError("libcuda.so.1: not found")])
+def test_a_driver_that_raises_counts_as_no_gpu(monkeypatch, error) -> None:
+    _fake_cuda(monkeypatch, compiled=True, count=error)
+    assert cuda_device_count() == 0
+    assert physical_devices() == [CPU] and default_device() == CPU
+
+
+def test_a_cpu_build_has_no_gpu_whatever_the_driver_says(monkeypatch) -> None:
+    _fake_cuda(monkeypatch, compiled=False, count=4)
+    assert cuda_device_count() == 0
+    assert physical_devices() == [CPU]
+
+
+def test_reexported_from_devices() -> None:
+    assert devices.cuda_device_count is cuda_device_count
+    assert devices.physical_devices is physical_devices and devices.default_device is default_device
+    assert {"cuda_device_count", "physical_devices", "default_device"} <= set(devices.__all__)
+
+
+@pytest.mark.gpu
+def test_gpu_is_the_default_device() -> None:
+    assert default_device() == torch.device("cuda", 0)

@@ -1,0 +1,59 @@
+"""gpulab.parallel.pipeline.streams: CUDA-stream pipelines on one and two GPUs equal the whole model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from gpulab.devices import cuda_device_count, logical_devices
+from gpulab.models import resnet
+from gpulab.parallel import PipelinedModel, batchnorm_to_groupnorm, split_model
+
+
+def _model(norm: str = "batch", seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = resnet(18, num_classes=5, width=4)
+    return (batchnorm_to_groupnorm(model, 2) if norm == "group" else model).double()
+
+
+def _images(n: int = 8, seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed), dtype=torch.double)
+
+
+@pytest.mark.gpu
+def test_cuda_streams_on_one_gpu_match_the_whole_model():
+    devs = logical_devices(2, ["cuda:0"])
+    model = _model("group").float().cuda()
+    whole = copy.deepcopy(model)
+    pipe = PipelinedModel(split_model(model, devs, boundaries=[4]), 3)
+    assert pipe.uses_streams and "simulated" in pipe.mode
+    x1 = _images().float().cuda().requires_grad_()
+    x2 = x1.detach().clone().requires_grad_()
+    torch.testing.assert_close(pipe(x2), whole(x1), rtol=1e-4, atol=1e-4)
+    whole(x1).sum().backward()
+    pipe(x2).sum().backward()
+    torch.testing.assert_close(x2.grad, x1.grad, rtol=1e-4, atol=1e-5)
+    for p1, p2 in zip(whole.parameters(), pipe.parameters()):
+        torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-4, atol=1e-4)
+    assert len(pipe.timeline) == 2 * 3
+
+
+@pytest.mark.multigpu
+def test_cuda_streams_on_two_gpus_match_the_whole_model():
+    devs = logical_devices(2)
+    assert not devs.simulated and cuda_device_count() >= 2
+    model = _model("group").float()
+    whole = copy.deepcopy(model).cuda()
+    pipe = PipelinedModel(split_model(model, devs, boundaries=[4]), 3)
+    assert "real devices" in pipe.mode
+    x = _images().float().cuda()
+    out = pipe(x)
+    assert out.device == torch.device("cuda", 1)
+    torch.testing.assert_close(out.cpu(), whole(x).cpu(), rtol=1e-4, atol=1e-4)
+    out.sum().backward()
+    whole(x).sum().backward()
+    for p1, p2 in zip(whole.parameters(), pipe.parameters()):
+        torch.testing.assert_close(p2.grad.cpu(), p1.grad.cpu(), rtol=1e-4, atol=1e-4)
