@@ -108,6 +108,7 @@ def test_fingerprint_compare_names_what_changed() -> None:
 
 
 def _reference(x):
+    """A reference with a docstring: a copy of it is told from a student's own."""
     total = 0
     for i in range(x):
         total += i * i
@@ -119,7 +120,8 @@ def test_check_not_calling_catches_copies_and_a_switched_off_profiler() -> None:
     with pytest.raises(grading.GradingError, match="calls gpulab's reference"):
         grading.check_not_calling(lambda x: copy(x), 5, forbidden=[_reference])
     exec_copy: dict = {}
-    exec("def ref(x):\n    total = 0\n    for i in range(x):\n        total += i * i\n    return total\n", exec_copy)
+    exec(f"def ref(x):\n    {_reference.__doc__!r}\n    total = 0\n    for i in range(x):\n        total += i * i\n"
+         "    return total\n", exec_copy)  # the reference's source, run again: the same code
     with pytest.raises(grading.GradingError, match="calls gpulab's reference"):
         grading.check_not_calling(lambda x: exec_copy["ref"](x), 5, forbidden=[_reference])
 
@@ -135,6 +137,20 @@ def test_check_not_calling_catches_copies_and_a_switched_off_profiler() -> None:
         return sum(i * i for i in range(x))
 
     assert grading.check_not_calling(honest, 5, forbidden=[_reference]) == 30
+
+    class Reference:
+        def __len__(self):
+            return self.n
+
+    class Mine:  # the same one-liner, written by the student: only the very object would count
+        n = 3
+
+        def __len__(self):
+            return self.n
+
+    assert grading.check_not_calling(lambda: len(Mine()), forbidden=[Reference]) == 3
+    with pytest.raises(grading.GradingError):
+        grading.check_not_calling(lambda: Reference.__len__(Mine()), forbidden=[Reference])
 
 
 def _jail(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:

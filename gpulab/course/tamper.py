@@ -111,6 +111,7 @@ def __gpulab_canary(n):
     g = grading if "grading" in globals() else sys.modules["gpulab.grading"]  # noqa: F821 - the tests' own name
 
     def ref(x):
+        """A reference: its copies count as it."""
         return [x, x + 1, "a reference"]
 
     copy = types.FunctionType(ref.__code__.replace(co_name="mine"), {})

@@ -194,6 +194,13 @@ def code_key(code: Any) -> tuple:
     return (code.co_code, consts, code.co_names)
 
 
+def _distinctive(code: Any) -> bool:
+    """Whether a copy of ``code`` can be told from a student's own: it carries a docstring, or is
+    long enough. (``def __len__(self): return self.n`` is written the same by everyone; only the
+    very object counts for such code.)"""
+    return bool(code.co_consts and isinstance(code.co_consts[0], str)) or len(code.co_code) >= 128
+
+
 # Calls that switch the profiler (and with it this check) off; their ``c_call`` event reaches the
 # profiler before they take effect.
 _PROFILER_SWITCHES = ("setprofile", "settrace", "setprofile_all_threads", "settrace_all_threads")
@@ -215,16 +222,19 @@ def check_not_calling(
     The references are gpulab's own implementations of the exercise. Calls are traced with
     ``sys.setprofile`` in this thread and ``threading.setprofile`` in threads started meanwhile,
     so aliases (``from gpulab... import X as mine``) and calls from helpers are caught too. Code
-    is compared by content (:func:`code_key`), so a copy of a reference counts as the reference,
-    and turning the profiler off (``sys.setprofile(None)``) while the check runs fails it.
+    is compared by content (:func:`code_key`; for a reference with a docstring or of some length),
+    so a copy of a reference counts as the reference, and turning the profiler off
+    (``sys.setprofile(None)``) while the check runs fails it.
 
     Returns:
         Whatever ``fn`` returned, so the caller can go on checking the result.
     """
-    targets: dict[tuple, str] = {}
+    targets: dict[Any, str] = {}  # the code objects themselves, and the content of distinctive ones
     for ref in forbidden:
         for code in _code_objects(ref):
-            targets[code_key(code)] = _qualname(ref)
+            targets[code] = _qualname(ref)
+            if _distinctive(code):
+                targets[code_key(code)] = _qualname(ref)
     hits: list[str] = []
     seen: dict[int, tuple[Any, str | None]] = {}  # id(code) -> (code, hit); the code is kept so ids stay unique
 
@@ -233,7 +243,7 @@ def check_not_calling(
             code = frame.f_code
             entry = seen.get(id(code))
             if entry is None:
-                entry = seen[id(code)] = (code, targets.get(code_key(code)))
+                entry = seen[id(code)] = (code, targets.get(code) or targets.get(code_key(code)))
             if entry[1] is not None:
                 hits.append(entry[1])
         elif event == "c_call" and frame is not own and _switches_profiler(arg):
