@@ -156,8 +156,8 @@ def place_ranks(machine, world_size):
 
 
 def cases(course: Path) -> dict[str, Case]:
-    """The fixture class (28 students) for a course copy at ``course``: 17 of issue 7's grader tests,
-    11 of issue 15's red-team (tampering, links, a kill of the grader, leaking tests into feedback)."""
+    """The fixture class (27 students) for a course copy at ``course``: 17 of issue 7's grader tests,
+    10 of issue 15's red-team (tampering, links, a kill of the grader, leaking tests into feedback)."""
     return {
         "good_ana": Case(), "good_ben": Case(), "good_cho": Case(),
         "partial": Case(answers={"choose_backend_impl": None, "place_ranks_impl": None, "triage_impl": None}, score=2),

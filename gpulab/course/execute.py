@@ -164,9 +164,9 @@ class SandboxedExecute(Execute):
             outputs = [first] + [o for o in outputs if o is not first]
         problems: list[str] = []
         if self._stopped is None and self.probes and self._snapshot:
-            problems = tamper.compare(self._snapshot, self._fingerprint())
-            nonce = tamper.new_nonce()
-            reply_c, _, errs = self._probe(tamper.canary_code(nonce))
+            nonce = tamper.new_nonce()  # one round trip: the fingerprint is printed, then the canary fails
+            reply_c, stdout, errs = self._probe(tamper.fingerprint_code() + tamper.canary_code(nonce))
+            problems = tamper.compare(self._snapshot, tamper.parse_fingerprint(stdout))
             verdict = tamper.canary_verdict(nonce, reply_c, errs)
             if verdict:
                 problems.insert(0, verdict)
