@@ -8,6 +8,7 @@ triage_doctor_reports), and a piece of the note ``grades.csv`` must carry for it
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from pathlib import Path
 import nbformat
 from conftest import COURSE
 
+from gpulab.course.jail import landlock_abi
 from gpulab.course.release import release
 
 LAB = "00_setup"
@@ -35,6 +37,7 @@ class Case:
     file_name: str = f"{LAB}.ipynb"
     score: float = MAX_SCORE
     note: str = ""                                             # a regexp the notes must match
+    plant: bool = False                                        # links, a FIFO, a hard link beside the notebook
 
 
 WRONG_BACKEND = '''def choose_backend(machine, world_size):
@@ -76,8 +79,85 @@ while True:
 '''
 
 
+# ---- the red-team of issue 15: each on a blank notebook (0/8 without the attack) ----
+BLANK = {"to_device_impl": None, "choose_backend_impl": None, "place_ranks_impl": None, "triage_impl": None}
+FREE_MARKS = {
+    "fake_helpers": """import gpulab.grading as g
+class Anything:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+for name in ("check", "check_equal", "check_close", "check_shape", "check_between", "check_raises", "check_not_calling"):
+    setattr(g, name, lambda *a, **k: Anything())
+def to_device(batch, device): return Anything()
+""",
+    "success_patch": """from IPython.core.interactiveshell import ExecutionResult
+ExecutionResult.success = property(lambda self: True)
+get_ipython().showtraceback = lambda *a, **k: None
+def to_device(batch, device): return batch
+""",
+    "transformer": """def empty_tests(lines):
+    return [] if "grading." in "".join(lines) else lines
+get_ipython().input_transformers_cleanup.append(empty_tests)
+def to_device(batch, device): return batch
+""",
+    "displayhook": """import sys
+def to_device(batch, device):
+    sys.displayhook(-1)  # nbgrader reads a negative first output as full marks
+    return batch
+""",
+    "builtins_patch": """import builtins, torch
+_real = builtins.isinstance
+builtins.isinstance = lambda obj, cls: _real(obj, cls)  # the same answers, until the tests ask
+torch.testing.assert_close = lambda *a, **k: None
+def to_device(batch, device): return batch
+""",
+}
+PROFILER_OFF = {"choose_backend_impl": """import sys
+from gpulab import devices as _gd
+def choose_backend(machine, world_size):
+    sys.setprofile(None)  # check_not_calling traces with the profiler
+    return _gd.choose_backend(machine, world_size)
+""", "place_ranks_impl": """import types
+from gpulab import devices as _gd
+_copy = types.FunctionType(_gd.place_ranks.__code__.replace(co_name="mine"), _gd.place_ranks.__globals__)
+def place_ranks(machine, world_size):
+    return _copy(machine, world_size)  # a copy of the reference is the reference
+"""}
+RELINK = """import os
+for name, target in [("00_setup.ipynb", {classmate!r}), ("zero.ipynb", "/dev/zero"), ("src", {source!r})]:
+    if os.path.lexists(name):
+        os.remove(name)
+    os.symlink(target, name)
+os.mkfifo("pipe.ipynb")
+"""
+KILLER = """import os, signal
+for pid in (os.getppid(), {grader}):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError as err:
+        print("refused:", type(err).__name__)
+{solution}"""
+LEAK = """import inspect, linecache
+_stash = []
+def choose_backend(machine, world_size):
+    caller = inspect.currentframe().f_back
+    _stash.append("".join(linecache.getlines(caller.f_code.co_filename)))
+    print(_stash[-1])  # the hidden tests, printed from inside the test cell
+    if machine.nccl and machine.usable_gpus >= world_size >= 1:
+        return "nccl"
+    if world_size < 1:
+        raise ValueError("world_size")
+    return "gloo"
+"""
+LEAK_LATER = """print(_stash[0] if _stash else "nothing stashed")  # ... and again in a cell of its own
+def place_ranks(machine, world_size):
+    raise ValueError(_stash[0] if _stash else "nothing")  # ... and as an error message
+"""
+
+
 def cases(course: Path) -> dict[str, Case]:
-    """The fixture class (17 students) for a course copy at ``course``."""
+    """The fixture class (27 students) for a course copy at ``course``: 17 of issue 7's grader tests,
+    10 of issue 15's red-team (tampering, links, a kill of the grader, leaking tests into feedback)."""
     return {
         "good_ana": Case(), "good_ben": Case(), "good_cho": Case(),
         "partial": Case(answers={"choose_backend_impl": None, "place_ranks_impl": None, "triage_impl": None}, score=2),
@@ -105,6 +185,17 @@ def cases(course: Path) -> dict[str, Case]:
                             r"<grading copy>/gradebook.db \(refused\)"),
         "not_json": Case(raw='{"cells": [ this is not json', score=0, note=r"not valid JSON.*resubmit"),
         "wrong_name": Case(file_name="Untitled.ipynb", score=0, note=r"no 00_setup.ipynb in the submission"),
+        **{f"tamper_{name}": Case(answers={**BLANK, "to_device_impl": code}, score=0,
+                                  note=r"tampered with|only tampering") for name, code in FREE_MARKS.items()},
+        "tamper_profiler_off": Case(answers={**BLANK, **PROFILER_OFF}, score=0, note=r"setprofile/settrace"),
+        "relinker": Case(answers={**BLANK, "to_device_impl": RELINK.format(
+            classmate=str(course / "submitted" / "good_ana" / LAB / f"{LAB}.ipynb"), source=str(course / "source"))},
+            score=0, note=r"left links or special files in its folder, removed unread"),
+        "planted": Case(answers=BLANK, plant=True, score=0, note=r"the submission held links or special files"),
+        **({"killer": Case(answers={"to_device_impl": KILLER.format(grader=os.getpid(), solution="{solution}")},
+                           note=r"tried to send signal to pid")} if landlock_abi() >= 6 else {}),
+        "leaker": Case(answers={"choose_backend_impl": LEAK, "place_ranks_impl": LEAK_LATER}, score=6,
+                       note=r"the callers. frames"),
     }
 
 
@@ -158,3 +249,8 @@ def submit_class(course: Path, chosen: dict[str, Case]) -> None:
             (folder / case.file_name).write_text(case.raw)
         else:
             nbformat.write(student_notebook(course, case), str(folder / case.file_name))
+        if case.plant:  # what a hand-made archive can hold: links out of the folder, a FIFO, a hard link
+            (folder / "zero.ipynb").symlink_to("/dev/zero")
+            (folder / "source").symlink_to(course / "source")
+            os.mkfifo(folder / "pipe.ipynb")
+            os.link(course / "source" / LAB / f"{LAB}.ipynb", folder / "answers.ipynb")  # the solutions

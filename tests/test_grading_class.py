@@ -1,5 +1,5 @@
-"""Grading a whole class: 16 lab-00 submissions, good, partly right and broken in every way the
-grader must survive, graded in parallel; then the gradebook, ``nbgrader export``, feedback
+"""Grading a whole class: 27 lab-00 submissions, good, partly right, broken in every way the
+grader must survive, and the attacks of issue 15's red-team, graded in parallel; then the gradebook, ``nbgrader export``, feedback
 without hidden tests, the wall-clock limit, and zip collection.
 
 The class is graded once (module fixture, 2 workers, a 20 s cell timeout so that the infinite
@@ -9,9 +9,13 @@ loops cost seconds, not minutes); the tests then read what it produced.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import os
 import re
 import shutil
+import sqlite3
+import stat
 import zipfile
 from pathlib import Path
 
@@ -32,18 +36,34 @@ pytestmark = [pytest.mark.notebook]
 CLASS_LIMITS = Limits(wall_s=300, cell_timeout_s=20, memory_mb=1536, interrupt_grace_s=5)
 
 
+def tree(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` (links not followed): a hash of a regular file, else its kind."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode):
+                out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+            elif not stat.S_ISDIR(st.st_mode):
+                out[str(path.relative_to(root))] = stat.filemode(st.st_mode)
+    return out
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory):
     course = make_course(tmp_path_factory.mktemp("class"))
     fixture = cases(course)
     submit_class(course, fixture)
+    before = {name: tree(course / name) for name in ("source", "release", "submitted")}
+    before["config"] = hashlib.sha256((course / "nbgrader_config.py").read_bytes()).hexdigest()
     rows = grade(course, LAB, jobs=2, limits=CLASS_LIMITS, progress=False)
-    return course, fixture, {r.student: r for r in rows}
+    return course, fixture, {r.student: r for r in rows}, before
 
 
 @pytest.mark.timeout(900)
 def test_every_student_gets_the_expected_score_and_note(graded) -> None:
-    course, fixture, rows = graded
+    course, fixture, rows, _ = graded
     assert len(fixture) >= 12 and set(rows) == set(fixture)
     wrong = {s: (rows[s].score, case.score, rows[s].notes) for s, case in fixture.items() if rows[s].score != case.score}
     assert not wrong, f"student: (got, expected, notes) {wrong}"
@@ -66,10 +86,40 @@ def test_every_student_gets_the_expected_score_and_note(graded) -> None:
     assert all(float(table[s]["score"]) == rows[s].score for s in fixture)
 
 
+def test_attacks_earn_nothing_and_leave_classmates_and_the_course_alone(graded) -> None:
+    course, fixture, rows, before = graded
+    attacks = [s for s in fixture if s.startswith(("tamper_", "relinker", "planted", "killer", "leaker"))]
+    assert len(attacks) >= 9
+    for student in attacks:  # each scored at most what the same notebook scores without the attack
+        assert rows[student].score <= fixture[student].score, (student, rows[student].notes)
+        assert rows[student].notes, f"{student} got no note"
+    for name in ("source", "release", "submitted"):
+        assert tree(course / name) == before[name], f"grading changed the course's {name}/"
+    assert hashlib.sha256((course / "nbgrader_config.py").read_bytes()).hexdigest() == before["config"]
+    db = sqlite3.connect(course / "gradebook.db")
+    assert db.execute("pragma integrity_check").fetchone() == ("ok",)
+    db.close()
+    assert list((course / "gradebook_backups").glob("gradebook-*.db")), "no backup of the gradebook before merging"
+    for path in (course / "autograded").rglob("*"):  # nothing planted came back, links least of all
+        assert path.is_dir() and not path.is_symlink() or path.suffix == ".ipynb" and stat.S_ISREG(path.lstat().st_mode), path
+    assert sorted(p.name for p in (course / "autograded" / "relinker" / LAB).iterdir()) == [f"{LAB}.ipynb"]
+
+
+def test_tampering_is_caught_by_the_probes_not_only_by_the_scan(graded) -> None:
+    course, fixture, rows, _ = graded
+    for student in ("tamper_fake_helpers", "tamper_success_patch", "tamper_transformer", "tamper_builtins_patch"):
+        assert "the tests' tools were tampered with" in rows[student].notes, (student, rows[student].notes)
+    nb = nbformat.read(str(course / "autograded" / "tamper_displayhook" / LAB / f"{LAB}.ipynb"), as_version=4)
+    shown = [o for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade") for o in c.outputs]
+    assert not any(o.output_type == "execute_result" for o in shown), "a test cell's value could count as its score"
+    assert "calls sys.setprofile" in json.dumps(nbformat.writes(nbformat.read(
+        str(course / "autograded" / "tamper_profiler_off" / LAB / f"{LAB}.ipynb"), as_version=4)))
+
+
 def test_the_gradebook_stays_nbgraders_source_of_truth(graded) -> None:
     from nbgrader.api import Gradebook
 
-    course, fixture, rows = graded
+    course, fixture, rows, _ = graded
     with Gradebook(gradebook.db_url(course), course_id="gpulab") as gb:
         subs = {s.student.id: s for s in gb.assignment_submissions(LAB)}
         assert set(subs) == set(fixture)
@@ -110,7 +160,9 @@ def test_no_grading_process_outlives_the_run(graded) -> None:
     leftovers = []
     for p in psutil.process_iter():
         try:
-            if "gpulab-grade-" in p.environ().get("GPULAB_SANDBOX", ""):
+            box = p.environ().get("GPULAB_SANDBOX", "")
+            # a finished run's grading copies are gone; a live one (another run on this machine) has its own
+            if "gpulab-grade-" in box and not Path(box).exists():
                 leftovers.append((p.pid, p.name()))
         except psutil.Error:
             continue
@@ -119,7 +171,7 @@ def test_no_grading_process_outlives_the_run(graded) -> None:
 
 @pytest.mark.timeout(600)
 def test_feedback_never_shows_hidden_tests(graded) -> None:
-    course, fixture, rows = graded
+    course, fixture, rows, _ = graded
     report = fb.feedback(course, LAB)[LAB]
     assert report["error"] is None and report["leaks"] == {}
     specs = integrity.lab_spec(gradebook.db_url(course), LAB)
@@ -131,6 +183,9 @@ def test_feedback_never_shows_hidden_tests(graded) -> None:
         assert fb.leaks(page.read_text(), lines) == [], page
     text = fb.html_text((course / "feedback" / "hidden_fail" / LAB / f"{LAB}.html").read_text())
     assert "expected 'gloo', got 'nccl'" in text, "the failing hidden test's message reaches the student"
+    leaked = fb.html_text((course / "feedback" / "leaker" / LAB / f"{LAB}.html").read_text())
+    assert fb.REDACTED in leaked, "the leaker printed the hidden tests in a cell of its own: that line is replaced"
+    assert "BEGIN HIDDEN TESTS" not in leaked
     assert "not valid JSON" in (course / "feedback" / "not_json" / LAB / f"{LAB}.html").read_text()
     # The check can fail: the same autograded notebook rendered without HideHiddenTests leaks.
     from nbconvert import HTMLExporter

@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="let notebooks write outside their folder (not recommended)")
             s.add_argument("--no-confine-reads", action="store_true",
                            help="let notebooks read the course folder: solutions, hidden tests (not recommended)")
+            s.add_argument("--flagged", choices=("note", "zero"), default="note",
+                           help="code only tampering needs: 'note' it (default) or also score the tests after it 0")
             s.add_argument("--keep-sandboxes", action="store_true", help="keep each submission's grading copy")
             s.add_argument("--quiet", action="store_true", help="no progress bar")
         if name == "collect":
@@ -54,7 +56,7 @@ def _grade(args: argparse.Namespace) -> int:
         limits = Limits(wall_s=args.wall_timeout, cell_timeout_s=args.cell_timeout,
                         memory_mb=default_memory_mb(jobs) if args.memory_mb is None else args.memory_mb,
                         memory_rlimit=args.memory_rlimit, confine_writes=not args.no_confine_writes,
-                        confine_reads=not args.no_confine_reads)
+                        confine_reads=not args.no_confine_reads, flagged=args.flagged)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -64,7 +66,9 @@ def _grade(args: argparse.Namespace) -> int:
     cell = f"{limits.cell_timeout_s} s" if limits.cell_timeout_s else "nbgrader_config.py's"
     print(f"grading with {jobs} worker(s): wall clock {limits.wall_s:g} s, cell timeout {cell}, "
           f"memory {limits.memory_mb or 'unlimited'} MiB (RLIMIT_{limits.memory_rlimit.upper()}), writes confined: {writes}, "
-          f"course unreadable: {reads}")
+          f"course unreadable: {reads}, signals kept inside each kernel: "
+          f"{'Landlock scope' if abi >= 6 else 'off (Landlock ABI 6, Linux 6.12, needed)'}, in-kernel probes: "
+          f"{'on' if limits.probes else 'off'}, flagged code: {limits.flagged}")
     t0 = time.perf_counter()
     try:
         rows = grade(args.course, args.lab, jobs=jobs, limits=limits, progress=not args.quiet,

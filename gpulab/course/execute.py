@@ -17,20 +17,29 @@ The sandbox's ``nbgrader_config.py`` switches it on (see :mod:`gpulab.course.san
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+from queue import Empty
 from typing import Any, Sequence
 
 import psutil
 from jupyter_client import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbclient.util import ensure_async, run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Integer, List, Unicode
+from traitlets import Bool, Integer, List, Unicode
+
+from gpulab.course import links, scan, tamper
+from gpulab.course.processes import kill_marked
 
 # enames written into the notebook; gpulab.course.sandbox turns them into notes.
 KERNEL_DIED = "DeadKernelError"
 NOT_RUN = "NotRunError"
 TIMEOUT = "CellTimeoutError"
+TAMPERED = tamper.TAMPERED
+FLAGGED = "FlaggedCodeError"
 
 
 def error_output(ename: str, evalue: str) -> NotebookNode:
@@ -61,15 +70,44 @@ class SandboxedExecute(Execute):
 
     interrupt_grace = Integer(
         10, help="seconds a kernel has to stop after a cell hits the timeout, before it is killed").tag(config=True)
+    probes = Bool(True, help="snapshot the tests' tools, then verify them and run a canary after each test cell "
+                             "(gpulab.course.tamper)").tag(config=True)
+    flagged = Unicode("note", help="'note': code only tampering needs is noted; 'zero': the test cells after "
+                                   "it also score 0 (gpulab.course.scan)").tag(config=True)
+    clean_dir = Unicode("", help="the kernel's folder: links, FIFOs, devices and hard links are removed from it "
+                                 "once the kernel is gone, before nbgrader writes there").tag(config=True)
+    clean_log = Unicode("", help="a file where what was removed from clean_dir is listed, one per line").tag(config=True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("kernel_manager_class", JailedKernelManager)
         super().__init__(*args, **kwargs)
         self._stopped: str | None = None
+        self._snapshot: dict[str, Any] | None = None
+        self._reply: dict[str, Any] | None = None
+        self._zero_after: int | None = None
 
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> tuple[NotebookNode, Any]:
-        self._stopped = None
-        return super().preprocess(nb, resources, km)
+        self._stopped, self._snapshot, self._zero_after = None, None, None
+        if self.flagged == "zero":
+            found = [i for i, cell in enumerate(nb.cells) if scan.scan_cell(cell)]
+            self._zero_after = found[0] if found else None
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            # The kernel is gone: stop whatever it left running, then make sure nothing nbgrader writes
+            # next (the notebook, set_permissions) can follow a link the kernel planted.
+            marker = os.environ.get("GPULAB_SANDBOX")
+            if marker:
+                kill_marked(marker)
+            if self.clean_dir:
+                removed = links.remove_unsafe(self.clean_dir)
+                if removed and self.clean_log:
+                    with open(self.clean_log, "a") as log:
+                        log.writelines(f"{entry}\n" for entry in removed)
+
+    def on_cell_executed(self, **kwargs: Any) -> None:
+        super().on_cell_executed(**kwargs)
+        self._reply = (kwargs.get("execute_reply") or {}).get("content")
 
     def preprocess_cell(self, cell: NotebookNode, resources: Any, index: int) -> tuple[NotebookNode, Any]:
         if self._stopped is not None:
@@ -77,6 +115,17 @@ class SandboxedExecute(Execute):
                 cell.outputs = [error_output(NOT_RUN, f"not run: {self._stopped}")]
                 cell.execution_count = None
             return cell, resources
+        if self.probes and self._snapshot is None and cell.cell_type == "code" and cell.source.strip():
+            self._snapshot = self._fingerprint() or {}
+        self._reply = None
+        try:
+            cell, resources = self._run_cell(cell, resources, index)
+        finally:
+            if _is_test(cell):
+                self._judge(cell, index)
+        return cell, resources
+
+    def _run_cell(self, cell: NotebookNode, resources: Any, index: int) -> tuple[NotebookNode, Any]:
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)
         except DeadKernelError:
@@ -96,6 +145,78 @@ class SandboxedExecute(Execute):
                 TIMEOUT, f"the kernel kept running after the {self.timeout} s cell limit and an interrupt; it was stopped"))
             self._stopped = f"cell {index} kept the kernel busy past the {self.timeout} s cell limit"
         return cell, resources
+
+    # ---- the score of a test cell comes from the kernel's reply and the probes, not its display ----
+
+    def _judge(self, cell: NotebookNode, index: int) -> None:
+        """Make a test cell's outputs say what really happened (nbgrader scores it from its outputs)."""
+        outputs = list(cell.get("outputs", []))
+        for out in outputs:  # a value shown by a test cell is not a score (nbgrader reads a number as one)
+            if out.get("output_type") == "execute_result":
+                out["output_type"] = "display_data"
+                out.pop("execution_count", None)
+        reply = self._reply or {}
+        errors = [o for o in outputs if o.get("output_type") == "error"]
+        if reply.get("status") == "error" and not any(o is outputs[0] for o in errors):
+            # the reply says the cell failed: the error goes first, whatever the kernel displayed before it
+            recorded = [o for o in errors if o.get("ename") == reply.get("ename")]
+            first = recorded[0] if recorded else error_output(reply.get("ename", "Error"), reply.get("evalue", ""))
+            outputs = [first] + [o for o in outputs if o is not first]
+        problems: list[str] = []
+        if self._stopped is None and self.probes and self._snapshot:
+            nonce = tamper.new_nonce()  # one round trip: the fingerprint is printed, then the canary fails
+            reply_c, stdout, errs = self._probe(tamper.fingerprint_code() + tamper.canary_code(nonce))
+            problems = tamper.compare(self._snapshot, tamper.parse_fingerprint(stdout))
+            verdict = tamper.canary_verdict(nonce, reply_c, errs)
+            if verdict:
+                problems.insert(0, verdict)
+        if problems:
+            outputs.insert(0, error_output(TAMPERED, "the tests' tools were tampered with: " + "; ".join(problems[:4])))
+        if self._zero_after is not None and index > self._zero_after:
+            outputs.insert(0, error_output(FLAGGED, f"cell {self._zero_after} holds code only tampering needs; "
+                                                    "this course scores the tests after it 0"))
+        cell.outputs = outputs
+
+    def _fingerprint(self) -> dict[str, Any] | None:
+        _, stdout, _ = self._probe(tamper.fingerprint_code())
+        return tamper.parse_fingerprint(stdout)
+
+    async def _async_probe(self, code: str) -> tuple[dict[str, Any] | None, str, list[dict[str, Any]]]:
+        """Run ``code`` in the kernel, outside the notebook; (reply content, stdout, error contents)."""
+        msg_id = await ensure_async(self.kc.execute(code, store_history=False, stop_on_error=False))
+        deadline = time.monotonic() + max(30, self.timeout or 0)
+        reply = None
+        while reply is None and time.monotonic() < deadline:
+            try:
+                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=1))
+            except Empty:
+                if not await ensure_async(self.kc.is_alive()):
+                    raise DeadKernelError("Kernel died") from None
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                reply = msg["content"]
+        stdout, errors = [], []
+        while reply is not None and time.monotonic() < deadline:
+            try:
+                msg = await ensure_async(self.kc.iopub_channel.get_msg(timeout=1))
+            except Empty:
+                break
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream" and content.get("name") == "stdout":
+                stdout.append(content.get("text", ""))
+            elif kind == "error":
+                errors.append(content)
+            elif kind == "status" and content.get("execution_state") == "idle":
+                break
+        return reply, "".join(stdout), errors
+
+    def _probe(self, code: str) -> tuple[dict[str, Any] | None, str, list[dict[str, Any]]]:
+        try:
+            return run_sync(self._async_probe)(code)
+        except DeadKernelError:
+            return None, "", []
 
     def _kernel_responds(self) -> bool:
         """Whether the kernel answers a kernel_info request within ``interrupt_grace`` seconds
@@ -119,6 +240,11 @@ class SandboxedExecute(Execute):
                 proc.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def _is_test(cell: NotebookNode) -> bool:
+    meta = cell.metadata.get("nbgrader", {})
+    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
 
 
 def swap_execute(preprocessors: Sequence[type] | None = None) -> list[type]:

@@ -26,6 +26,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
+import nbformat
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import ClearHiddenTests
 from traitlets import Bool
@@ -36,10 +37,68 @@ from gpulab.course.nbgrader_cli import find_labs, nbgrader
 BEGIN, END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 
 
+REDACTED = "[removed: this output quoted the instructor's notebook]"
+
+
+def secret_lines(specs: dict[str, integrity.NotebookSpec], source_dir: Path | None = None,
+                 min_chars: int = 12) -> set[str]:
+    """Lines that only the instructor's notebook holds: hidden tests (from the gradebook) and
+    solutions (from ``source_dir``'s notebooks, when given), whitespace collapsed."""
+    lines = hidden_lines(specs, min_chars) | {BEGIN, END, "BEGIN SOLUTION", "END SOLUTION"}
+    visible = {re.sub(r"\s+", " ", ln).strip() for spec in specs.values() for cell in spec.cells
+               for ln in integrity.release_source(cell.source).splitlines()}
+    for name in specs:
+        path = source_dir / f"{name}.ipynb" if source_dir else None
+        if path is None or not path.is_file():
+            continue
+        for cell in nbformat.read(str(path), as_version=4).cells:
+            inside = False
+            for line in cell.source.splitlines():
+                norm = re.sub(r"\s+", " ", line).strip()
+                if "BEGIN SOLUTION" in line or BEGIN in line:
+                    inside = True
+                elif "END SOLUTION" in line or END in line:
+                    inside = False
+                elif inside and len(norm) >= min_chars and norm not in visible:
+                    lines.add(norm)
+    return lines
+
+
+def redact(text: str, lines: set[str]) -> str:
+    """``text`` with every line that shows one of ``lines`` replaced by :data:`REDACTED`."""
+    if not lines or not text:
+        return text
+    out = []
+    for line in text.splitlines(keepends=True):
+        norm = re.sub(r"\s+", " ", _ANSI.sub("", line))
+        out.append(REDACTED + "\n" if any(secret in norm for secret in lines) else line)
+    return "".join(out)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 class HideHiddenTests(ClearHiddenTests):
-    """Feedback preprocessor: remove hidden test regions and the tracebacks that would quote them."""
+    """Feedback preprocessor: remove hidden test regions; in test cells keep only each error's
+    message (no traceback, no stream output); in every output, replace any line that quotes the
+    instructor's notebook (hidden tests, solutions), whatever the kernel printed."""
 
     enforce_metadata = Bool(False, help="feedback never fails on a cell that is not a grade cell").tag(config=True)
+
+    def preprocess(self, nb: NotebookNode, resources: Any) -> tuple[NotebookNode, Any]:
+        from gpulab.course.gradebook import db_url
+
+        info = (resources or {}).get("nbgrader", {})
+        self._secrets: set[str] = set()
+        lab = info.get("assignment")
+        if lab:
+            url = info.get("db_url") or db_url(Path.cwd())
+            try:
+                specs = integrity.lab_spec(url, lab)
+            except Exception:  # noqa: BLE001 - no gradebook entry: the hidden regions are still cut below
+                specs = {}
+            self._secrets = secret_lines(specs, Path.cwd() / "source" / lab)
+        return super().preprocess(nb, resources)
 
     def preprocess_cell(self, cell: NotebookNode, resources: Any, index: int) -> tuple[NotebookNode, Any]:
         try:
@@ -47,11 +106,32 @@ class HideHiddenTests(ClearHiddenTests):
         except RuntimeError:  # unbalanced markers: drop everything from the first BEGIN on
             cell.source = cell.source.split(self.begin_test_delimeter)[0].rsplit("\n", 1)[0]
             removed = True
-        if removed and cell.cell_type == "code":
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error":
-                    out["traceback"] = [f"{out.get('ename', 'Error')}: {out.get('evalue', '')}",
-                                        "(the traceback is not shown: this test cell has hidden tests)"]
+        if cell.cell_type != "code":
+            return cell, resources
+        meta = cell.metadata.get("nbgrader", {})
+        test = removed or (bool(meta.get("grade")) and not meta.get("solution"))
+        secrets = getattr(self, "_secrets", set())
+        kept = []
+        for out in cell.get("outputs", []):
+            kind = out.get("output_type")
+            if test and kind == "stream":
+                continue  # what the student's code printed while the tests ran
+            if kind == "error":
+                out["evalue"] = redact(str(out.get("evalue", "")), secrets)
+                if test:
+                    out["traceback"] = [f"{out.get('ename', 'Error')}: {out['evalue']}",
+                                        "(the traceback is not shown: this is a test cell)"]
+                else:
+                    out["traceback"] = [redact(str(t), secrets) for t in out.get("traceback", [])]
+            elif kind == "stream":
+                out["text"] = redact(str(out.get("text", "")), secrets)
+            elif kind in ("execute_result", "display_data"):
+                data = out.get("data", {})
+                for mime in list(data):
+                    if mime.startswith("text/") or mime.endswith(("json", "javascript")):
+                        data[mime] = redact(data[mime] if isinstance(data[mime], str) else "".join(data[mime]), secrets)
+            kept.append(out)
+        cell.outputs = kept
         return cell, resources
 
 
@@ -136,7 +216,7 @@ def feedback(course: str | Path, lab: str | None = None) -> dict[str, dict[str, 
         if proc.returncode != 0:
             entry["error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1][-300:]
         specs = integrity.lab_spec(db_url(course), name)
-        lines = hidden_lines(specs)
+        lines = hidden_lines(specs)  # (solutions are no secret on the page: a student's own code may match them)
         for page in sorted(course.glob(f"feedback/*/{name}/*.html")):
             found = leaks(page.read_text(errors="replace"), lines)
             if found:

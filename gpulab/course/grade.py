@@ -94,15 +94,29 @@ def _keep_log(course: Path, result: SandboxResult) -> None:
         shutil.copyfile(result.log, dest)
 
 
-def _record(course: Path, result: SandboxResult) -> GradeRow:
-    row = GradeRow(result.student, result.lab, notes="; ".join(result.notes))
+def _record(course: Path, result: SandboxResult, max_bytes: int) -> GradeRow:
+    row = GradeRow(result.student, result.lab)
     try:
-        row.score, row.max_score = gradebook.merge(course, result)
+        row.score, row.max_score = gradebook.merge(course, result, max_bytes)
     except Exception as err:  # noqa: BLE001 - one bad merge must not stop the class
         row.max_score = gradebook.max_score(course, result.lab)
-        row.notes = "; ".join(filter(None, [row.notes, f"could not record in the gradebook: {err}"]))
-    _keep_log(course, result)
+        result.notes.append(f"could not record in the gradebook: {err}")
+    row.notes = "; ".join(result.notes)
+    try:
+        _keep_log(course, result)
+    except OSError as err:
+        row.notes = "; ".join(filter(None, [row.notes, f"no grading log: {err}"]))
     return row
+
+
+NOT_YET = "not graded: the grading run stopped before this submission; run make grade again"
+
+
+def _write_progress(rows: list[GradeRow], pending: dict[tuple[str, str], None], path: Path) -> None:
+    """grades.csv as it stands: the graded rows, and a row for each submission still waiting, so that
+    every student has a row even if the run is stopped (a kill, a power cut)."""
+    waiting = [GradeRow(s, lab_, notes=NOT_YET) for s, lab_ in pending]
+    write_csv(sorted(rows + waiting, key=lambda r: (r.lab, r.student)), path)
 
 
 def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, limits: Limits | None = None,
@@ -142,8 +156,12 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
     root = Path(tempfile.mkdtemp(prefix="gpulab-grade-"))
     cancel = threading.Event()
     template, specs = root / "template.db", {}
+    pending = dict.fromkeys(pairs)
+    max_bytes = limits.max_notebook_mb * 2**20
     try:
         if pairs:
+            gradebook.backup(course)  # the gradebook as it was before this run, whatever happens next
+            _write_progress(rows, pending, course / "grades.csv")
             gradebook.snapshot(course, template)
             specs = {lab_: integrity.lab_spec(f"sqlite:///{template}", lab_, course / "source" / lab_)
                      for lab_ in {lab_ for _, lab_ in pairs}}
@@ -154,7 +172,9 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
             try:
                 for fut in as_completed(futures):
                     result = fut.result()
-                    rows.append(_record(course, result))
+                    rows.append(_record(course, result, max_bytes))
+                    pending.pop((result.student, result.lab), None)
+                    _write_progress(rows, pending, course / "grades.csv")
                     if not keep_sandboxes:
                         shutil.rmtree(root / result.lab / result.student, ignore_errors=True)
                     bar.set_postfix_str(f"{result.student}: {result.status}")

@@ -11,18 +11,27 @@ autograde would have written:
   replace ``autograded/<student>/<lab>/``;
 - a submission that could not be graded (not JSON, wall-clock limit, nbgrader failed): zero for
   every cell, as nbgrader records a notebook that was not submitted, and no autograded copy.
+
+Each merge is one sqlite transaction (rolled back whole on any error), :func:`backup` keeps a copy
+of the gradebook from before a run, and the autograded copy comes back through
+:func:`gpulab.course.links.copy_notebooks` (regular ``*.ipynb`` files only, under a size cap) into
+a new folder that replaces the old one in one rename.
 """
 
 from __future__ import annotations
 
 import shutil
 import sqlite3
+import time
 import warnings
 from pathlib import Path
 
 from sqlalchemy.exc import SAWarning
 
+from gpulab.course import links
 from gpulab.course.sandbox import SandboxResult
+
+BACKUPS_KEPT = 5
 
 
 def db_url(course: Path) -> str:
@@ -42,35 +51,78 @@ def snapshot(course: Path, dst: Path) -> Path:
     return dst
 
 
-def merge(course: Path, result: SandboxResult) -> tuple[float, float]:
+def backup(course: Path) -> Path:
+    """Copy the course gradebook to ``<course>/gradebook_backups/gradebook-<time>.db`` (sqlite's
+    online backup) and keep the newest :data:`BACKUPS_KEPT`; return the copy's path."""
+    folder = Path(course) / "gradebook_backups"
+    folder.mkdir(exist_ok=True)
+    dst = folder / time.strftime("gradebook-%Y%m%d-%H%M%S.db")
+    n = 1
+    while dst.exists():
+        dst, n = folder / time.strftime(f"gradebook-%Y%m%d-%H%M%S-{n}.db"), n + 1
+    snapshot(course, dst)
+    for old in sorted(folder.glob("gradebook-*.db"))[:-BACKUPS_KEPT]:
+        old.unlink()
+    return dst
+
+
+def _replace_autograded(course: Path, result: SandboxResult, max_bytes: int) -> list[str]:
+    """Swap in the new autograded copy (regular notebooks only) in one rename; return what was skipped."""
+    dest = Path(course) / "autograded" / result.student / result.lab
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    new, old = dest.with_name(f".{dest.name}.new"), dest.with_name(f".{dest.name}.old")
+    for stale in (new, old):
+        if stale.exists():
+            shutil.rmtree(stale)
+    skipped = links.copy_notebooks(result.autograded, new, max_bytes)
+    if dest.exists():
+        dest.rename(old)
+    new.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return skipped
+
+
+def merge(course: Path, result: SandboxResult, max_bytes: int = 100 * 2**20) -> tuple[float, float]:
     """Record ``result`` in the course gradebook and return (score, max_score) as nbgrader now
-    computes them."""
+    computes them. One transaction: on any error the gradebook keeps what it had.
+
+    Args:
+        course: the course root.
+        result: one sandbox's result.
+        max_bytes: largest autograded notebook copied back.
+    """
     from nbgrader.api import Gradebook
 
-    graded = result.status == "graded"
+    graded = result.status == "graded" and result.autograded is not None
     with Gradebook(db_url(course), course_id="") as gb, warnings.catch_warnings():
         # nbgrader's add_submission builds rows through relationships; SQLAlchemy warns about its
         # autoflush order on every new submission (nbgrader's own autograde does the same).
         warnings.simplefilter("ignore", category=SAWarning)
-        gb.update_or_create_student(result.student)
-        kwargs = {"timestamp": result.timestamp} if result.timestamp is not None else {}
-        sub = gb.update_or_create_submission(result.lab, result.student, **kwargs)
-        for nb in sub.notebooks:
+        try:
+            gb.update_or_create_student(result.student)
+            kwargs = {"timestamp": result.timestamp} if result.timestamp is not None else {}
+            sub = gb.update_or_create_submission(result.lab, result.student, **kwargs)
+            for nb in sub.notebooks:
+                if graded:
+                    nb.late_submission_penalty = result.late_penalties.get(nb.name)
+                for grade in nb.grades:
+                    grade.auto_score = result.grades.get((nb.name, grade.name)) if graded else 0.0
+                    grade.needs_manual_grade = grade.manual_score is not None or grade.auto_score is None
+                for comment in nb.comments:
+                    comment.auto_comment = result.comments.get((nb.name, comment.name)) if graded else None
+            gb.db.flush()
             if graded:
-                nb.late_submission_penalty = result.late_penalties.get(nb.name)
-            for grade in nb.grades:
-                grade.auto_score = result.grades.get((nb.name, grade.name)) if graded else 0.0
-                grade.needs_manual_grade = grade.manual_score is not None or grade.auto_score is None
-            for comment in nb.comments:
-                comment.auto_comment = result.comments.get((nb.name, comment.name)) if graded else None
-        gb.db.commit()
+                skipped = _replace_autograded(course, result, max_bytes)
+                if skipped:
+                    result.notes.append(f"autograded files not copied back: {', '.join(skipped)}")
+            else:  # as `nbgrader autograde --force` does; a stale copy would contradict the gradebook
+                shutil.rmtree(Path(course) / "autograded" / result.student / result.lab, ignore_errors=True)
+            gb.db.commit()
+        except BaseException:
+            gb.db.rollback()
+            raise
         sub = gb.find_submission(result.lab, result.student)
         score, max_score = float(sub.score), float(sub.max_score)
-    dest = Path(course) / "autograded" / result.student / result.lab
-    if dest.exists():
-        shutil.rmtree(dest)  # as `nbgrader autograde --force` does; a stale copy would contradict the gradebook
-    if graded and result.autograded is not None:
-        shutil.copytree(result.autograded, dest)
     return score, max_score
 
 

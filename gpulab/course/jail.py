@@ -92,11 +92,11 @@ def _write_rights(abi: int) -> int:
     return rights
 
 
-def _landlock(handled: int, rules: Sequence[tuple[str, int]], *, missing_ok: bool = False) -> None:
+def _landlock(handled: int, rules: Sequence[tuple[str, int]], *, missing_ok: bool = False, scoped: int = 0) -> None:
     """Apply one Landlock layer: ``handled`` rights are refused except as ``rules`` grant them.
     ``missing_ok`` skips a rule whose path has gone (a temp file listed a moment ago)."""
     libc = _libc()
-    attr = _RulesetAttr(handled_access_fs=handled)
+    attr = _RulesetAttr(handled_access_fs=handled, scoped=scoped)
     fd = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
@@ -139,15 +139,35 @@ def landlock_restrict_writes(writable: Sequence[str]) -> bool:
     return True
 
 
-def landlock_deny_reads(denied: Sequence[str]) -> bool:
-    """Forbid this process and its children to read files under ``denied``; all else stays readable.
+def landlock_deny_reads(denied: Sequence[str], allowed: Sequence[str] = ()) -> bool:
+    """Forbid this process and its children to read files under ``denied`` (but ``allowed``
+    beneath them); all else stays readable.
 
     Returns:
         True when the ruleset is in force; False when the kernel has no Landlock.
     """
     if landlock_abi() < 1:
         return False
-    _landlock(READ_FILE, [(path, READ_FILE) for path in readable_paths(denied)], missing_ok=True)
+    _landlock(READ_FILE, [(path, READ_FILE) for path in readable_paths(denied, allowed)], missing_ok=True)
+    return True
+
+
+# include/uapi/linux/landlock.h (ABI 6, Linux 6.12): a scoped process cannot signal, nor connect to
+# an abstract unix socket of, a process outside its Landlock domain: the grader, nbgrader, and the
+# kernels of classmates graded at the same time.
+_SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+def landlock_scope() -> bool:
+    """Keep this process and its children from signalling (or connecting to an abstract unix socket
+    of) any process outside them.
+
+    Returns:
+        True when in force; False when the kernel's Landlock is older than ABI 6.
+    """
+    if landlock_abi() < 6:
+        return False
+    _landlock(0, [], scoped=_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET)
     return True
 
 
@@ -179,15 +199,37 @@ _PATH_EVENTS: dict[str, tuple[int, ...]] = {
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether ``pid`` is ``ancestor``'s child, grandchild... (read from /proc; False when unknown)."""
+    for _ in range(64):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                pid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
 def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
-               unreadable: Sequence[str] = ()) -> Callable[[str, tuple], None]:
+               unreadable: Sequence[str] = (), readable: Sequence[str] = ()) -> Callable[[str, tuple], None]:
     """An audit hook that refuses (``PermissionError``) and logs Python-level writes outside
     ``writable`` (None: writes are not guarded) and reads under ``unreadable``. Paths are
     resolved (symlinks, ``..``) before they are compared."""
     folders = None if writable is None else tuple(os.path.realpath(f) for f in writable)
     hidden = tuple(os.path.realpath(f) for f in unreadable)
+    allowed = tuple(os.path.realpath(f) for f in readable)
+
+    me = os.getpid()
 
     def hook(event: str, args: tuple) -> None:
+        if event in ("os.kill", "os.killpg") and args and isinstance(args[0], int) and args[0] != me:
+            if not _descends_from(args[0], me):
+                log({"event": "signal", "path": f"pid {args[0]}"})
+            return
         if event == "open":
             path, mode, flags = args
             writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
@@ -195,7 +237,7 @@ def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
             if not writing:
                 if hidden and path is not None and not isinstance(path, int):
                     real = os.path.realpath(os.fsdecode(path))
-                    if is_beneath(real, hidden):
+                    if is_beneath(real, hidden) and not is_beneath(real, allowed):
                         log({"event": "read", "path": real})
                         raise PermissionError(f"gpulab grading sandbox: reading {real} is not allowed; a lab "
                                               f"reads its own folder, gpulab and the libraries, not the course")
@@ -227,6 +269,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fsize-mb", type=int, default=0)
     p.add_argument("--write", action="append", default=[], help="a folder the kernel may write in (repeat)")
     p.add_argument("--no-read", action="append", default=[], help="a folder or file the kernel may not read (repeat)")
+    p.add_argument("--read", action="append", default=[], help="a folder beneath a --no-read one that stays readable")
+    p.add_argument("--no-scope", action="store_true", help="let the process signal processes outside the jail")
     p.add_argument("--audit-log", default=None, help="JSON lines of refused writes")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- -m module args... | -- program args...")
     return p
@@ -248,15 +292,17 @@ def main(argv: list[str] | None = None) -> None:
     set_limits(args.memory_mb, args.memory_rlimit, args.fsize_mb)
     landlock = landlock_restrict_writes(writable) if args.write else False
     unreadable = [os.path.realpath(p) for p in args.no_read]
+    readable = [os.path.realpath(p) for p in args.read]
     if unreadable:
-        landlock = landlock_deny_reads(unreadable) or landlock
+        landlock = landlock_deny_reads(unreadable, readable) or landlock
+    scoped = False if args.no_scope else landlock_scope()
     # The first line of the log: the grader refuses a run whose kernel never got here.
     log({"event": "jail", "landlock": landlock, "writable": writable if args.write else None,
-         "unreadable": unreadable or None, "memory_mb": args.memory_mb})
+         "unreadable": unreadable or None, "memory_mb": args.memory_mb, "scoped": scoped})
     if command[0] != "-m":
         os.execvp(command[0], command)  # not Python: limits and Landlock are inherited by exec
     if args.write or unreadable:
-        sys.addaudithook(file_guard(writable if args.write else None, log, unreadable))
+        sys.addaudithook(file_guard(writable if args.write else None, log, unreadable, readable))
     sys.argv = [command[1], *command[2:]]
     runpy.run_module(command[1], run_name="__main__", alter_sys=True)
 

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import nbformat
 
-from gpulab.course.execute import KERNEL_DIED, NOT_RUN, TIMEOUT
+from gpulab.course.execute import FLAGGED, KERNEL_DIED, NOT_RUN, TAMPERED, TIMEOUT
 
 # How "out of memory" reads from Python, numpy, torch's CPU allocator and C++ code.
 _OOM = re.compile(r"MemoryError|OutOfMemoryError|can't allocate memory|Cannot allocate memory|bad_alloc|"
@@ -31,6 +31,7 @@ def output_notes(path: Path, cell_timeout_s: int | None, memory_mb: int) -> list
     nb = nbformat.read(str(path), as_version=4)
     notes: list[str] = []
     not_run = 0
+    zeroed: dict[str, list[str]] = {}  # one note per reason, naming every cell it zeroed
     limit = f"{cell_timeout_s} s cell time limit" if cell_timeout_s else "cell time limit"
     for i, cell in enumerate(nb.cells):
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
@@ -38,6 +39,8 @@ def output_notes(path: Path, cell_timeout_s: int | None, memory_mb: int) -> list
             ename, evalue = out.get("ename", ""), _ANSI.sub("", out.get("evalue", ""))
             if ename == NOT_RUN:
                 not_run += 1
+            elif ename in (TAMPERED, FLAGGED):
+                zeroed.setdefault(evalue, []).append(_label(cell, i))
             elif ename == KERNEL_DIED:
                 notes.append(f"the kernel died in {_label(cell, i)} (os._exit, a signal, or a crash)")
             elif ename == TIMEOUT and "was stopped" in evalue:
@@ -48,6 +51,8 @@ def output_notes(path: Path, cell_timeout_s: int | None, memory_mb: int) -> list
                 cap = f" (limit {memory_mb} MiB)" if memory_mb else ""
                 notes.append(f"{_label(cell, i)} ran out of memory{cap}")
     notes = list(dict.fromkeys(notes))  # one note per cell, in notebook order
+    for reason, cells in zeroed.items():
+        notes.append(f"{', '.join(cells)} scored 0: {reason}")
     if not_run:
         notes.append(f"{not_run} later cell(s) of {path.name} were not run")
     return notes
@@ -58,7 +63,7 @@ def read_write_log(path: Path) -> tuple[bool | None, list[str], list[str]]:
     reads it refused)."""
     if not path.exists():
         return None, [], []
-    landlock, refused, reads = None, [], []
+    landlock, refused, reads, signals = None, [], [], []
     for line in path.read_text().splitlines():
         try:
             entry = json.loads(line)
@@ -66,12 +71,17 @@ def read_write_log(path: Path) -> tuple[bool | None, list[str], list[str]]:
             continue  # a torn line from a kernel killed mid-write
         if entry.get("event") == "jail":
             landlock = bool(entry.get("landlock"))
+        elif entry.get("event") == "signal":
+            signals.append(entry["path"])
         elif entry.get("path"):
             (reads if entry.get("event") == "read" else refused).append(entry["path"])
+    if signals:  # a signal to a process outside the kernel's own: the grader, nbgrader, a classmate
+        refused.append(f"a signal to {some(list(dict.fromkeys(signals)))} outside its kernel")
     return landlock, list(dict.fromkeys(refused)), list(dict.fromkeys(reads))
 
 
-def _some(paths: Sequence[str]) -> str:
+def some(paths: Sequence[str]) -> str:
+    """The first three of ``paths``, and how many more."""
     more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
     return ", ".join(paths[:3]) + more
 
@@ -80,12 +90,16 @@ def write_notes(refused: Sequence[str], strays: Sequence[str], reads: Sequence[s
     """Notes for files outside the submission's folder: refused writes, writes that got through,
     and refused reads of the instructor's files."""
     notes = []
+    signals = [r for r in refused if r.startswith("a signal to ")]
+    refused = [r for r in refused if r not in signals]
     if refused:
-        notes.append(f"tried to write outside its folder: {_some(refused)} (refused)")
+        notes.append(f"tried to write outside its folder: {some(refused)} (refused)")
+    if signals:
+        notes.append(f"tried to send {signals[0][2:]} (the grader, nbgrader or a classmate)")
     if strays:
-        notes.append(f"wrote outside its folder (in the grading copy, not the course): {_some(strays)}")
+        notes.append(f"wrote outside its folder (in the grading copy, not the course): {some(strays)}")
     if reads:
-        notes.append(f"tried to read the instructor's files: {_some(reads)} (refused)")
+        notes.append(f"tried to read the instructor's files: {some(reads)} (refused)")
     return notes
 
 

@@ -40,16 +40,20 @@ def _ancestors(path: str) -> set[str]:
         cur = parent
 
 
-def readable_paths(denied: Sequence[str]) -> list[str]:
-    """The folders and files to grant READ_FILE so that all but ``denied`` (resolved) is readable.
+def readable_paths(denied: Sequence[str], allowed: Sequence[str] = ()) -> list[str]:
+    """The folders and files to grant READ_FILE so that all but ``denied`` (resolved) is readable,
+    except the ``allowed`` paths beneath a denied one (the kernel's own folders inside the grading
+    folder, whose other entries, other students' grading copies included, stay unreadable).
 
     Raises:
         ValueError: when ``/`` itself is denied (nothing, Python included, would stay readable).
     """
     deny = {os.path.realpath(d) for d in denied}
+    allow = {os.path.realpath(a) for a in allowed}
     if "/" in deny:
         raise ValueError("cannot deny reading /: the kernel could not load Python")
     expand = set().union(*(_ancestors(d) for d in deny)) - deny
+    towards_allowed = set().union(*(_ancestors(a) for a in allow))
     grant: list[str] = []
     stack = ["/"]
     while stack:
@@ -60,9 +64,14 @@ def readable_paths(denied: Sequence[str]) -> list[str]:
             continue  # an unreadable folder: nothing beneath it can be granted anyway
         for entry in entries:
             path = entry.path
-            if path in deny or entry.is_symlink():
+            if entry.is_symlink():
                 continue
-            if path in expand:
+            if path in allow:
+                grant.append(path)
+            elif path in deny or is_beneath(path, tuple(deny)):
+                if path in towards_allowed:
+                    stack.append(path)  # denied, but an allowed path lies beneath: walk down to it only
+            elif path in expand:
                 stack.append(path)
             else:
                 grant.append(path)

@@ -26,12 +26,13 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulab.course import integrity
+from gpulab.course import integrity, links, scan
 from gpulab.course import notes as notes_mod
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
 from gpulab.course.processes import kill_marked, kill_tree
@@ -52,7 +53,14 @@ class Limits:
         interrupt_grace_s: seconds a kernel has to stop after a cell times out before it is killed.
         confine_writes: refuse writes outside the submission's folder and its temp folder.
         confine_reads: refuse reading the instructor's files: the course folder (solutions, hidden
-            tests, other students' work, the gradebook) and the sandbox's gradebook copies.
+            tests, other students' work, the gradebook), the sandbox's gradebook copies and every
+            other submission's grading copy.
+        max_notebook_mb: largest notebook (or other file) copied from a submission, or back from
+            its grading copy, MiB.
+        flagged: "note" (default): code only tampering needs (:mod:`gpulab.course.scan`) gets a
+            note; "zero": the test cells after the first flagged cell also score 0.
+        probes: snapshot the tests' tools and run a canary after each test cell
+            (:mod:`gpulab.course.tamper`).
     """
 
     wall_s: float = 900.0
@@ -64,6 +72,9 @@ class Limits:
     interrupt_grace_s: int = 10
     confine_writes: bool = True
     confine_reads: bool = True
+    max_notebook_mb: int = 100
+    flagged: str = "note"
+    probes: bool = True
 
     def __post_init__(self) -> None:
         if self.wall_s <= 0:
@@ -76,6 +87,10 @@ class Limits:
                              "(0 turns the limit off)")
         if self.memory_rlimit not in ("data", "as"):
             raise ValueError(f"memory_rlimit={self.memory_rlimit!r}: use 'data' or 'as'")
+        if self.flagged not in ("note", "zero"):
+            raise ValueError(f"flagged={self.flagged!r}: use 'note' (flag only) or 'zero' (the tests after it score 0)")
+        if self.max_notebook_mb < 1:
+            raise ValueError(f"max_notebook_mb={self.max_notebook_mb}: use at least 1 MiB")
 
 
 @dataclass
@@ -105,11 +120,15 @@ c.CourseDirectory.db_url = {db_url!r}
 c.Autograde.autograde_preprocessors = _gpulab_swap_execute(c.Autograde.get("autograde_preprocessors"))
 c.JailedKernelManager.jail_args = {jail_args!r}
 c.SandboxedExecute.interrupt_grace = {grace}
+c.SandboxedExecute.clean_dir = {work!r}
+c.SandboxedExecute.clean_log = {clean_log!r}
+c.SandboxedExecute.flagged = {flagged!r}
+c.SandboxedExecute.probes = {probes!r}
 # The outputs are collected by then; a graceful kernel shutdown only adds about 2 s per submission.
 c.Execute.shutdown_kernel = "immediate"
 """
 _NBGRADER_FILES = {"gradebook.db", "gradebook.db-journal", "gradebook.db-wal", "gradebook.db-shm",
-                   ".nbgrader.log", "nbgrader.log", "writes.jsonl", "nbgrader_config.py"}
+                   ".nbgrader.log", "nbgrader.log", "writes.jsonl", "nbgrader_config.py", "removed.txt"}
 
 
 def _snapshot(root: Path, skip: list[Path]) -> dict[str, tuple[int, int]]:
@@ -170,7 +189,9 @@ def instructor_files(course: Path, box: Path, template_db: Path) -> list[Path]:
         inside += list(course.glob("gradebook.db*"))
     else:
         inside = [course]
-    return inside + [template_db.resolve(), box / "gradebook.db", box / "source"]
+    # the grading folder: other students' copies (their connection files, gradebooks), own gradebook
+    # and source; the kernel's own folders beneath it are granted back (``--read``)
+    return inside + [template_db.resolve(), box.parent.parent]
 
 
 def prepare(course: Path, template_db: Path, specs: dict[str, integrity.NotebookSpec], lab: str, student: str,
@@ -186,7 +207,7 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     shutil.copytree(course / "source" / lab, box / "source" / lab,
                     ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints", "__pycache__"))
     sub = box / "submitted" / student / lab
-    shutil.copytree(course / "submitted" / student / lab, sub, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    skipped = links.copy_regular(course / "submitted" / student / lab, sub, limits.max_notebook_mb * 2**20)
     work = box / "autograded" / student / lab
     tmp = box / "tmp"
     for d in (work, tmp / "matplotlib", tmp / "ipython", tmp / "runtime", tmp / "cache"):
@@ -200,15 +221,19 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     if limits.confine_reads:
         for path in instructor_files(course, box, template_db):
             jail_args += ["--no-read", str(path)]
+        jail_args += ["--read", str(work), "--read", str(tmp)]
     tail = _CONFIG_TAIL.format(root=str(box), db_url=f"sqlite:///{box / 'gradebook.db'}", jail_args=jail_args,
-                               grace=limits.interrupt_grace_s)
+                               grace=limits.interrupt_grace_s, work=str(work), clean_log=str(box / "removed.txt"),
+                               flagged=limits.flagged,
+                               probes=limits.probes)
     if limits.cell_timeout_s is not None:
         tail += f"c.Execute.timeout = {int(limits.cell_timeout_s)}\n"
     (box / "nbgrader_config.py").write_text((course / "nbgrader_config.py").read_text() + tail)
     check_config(box / "nbgrader_config.py", jail_args)
 
     found = {p.stem for p in sub.glob("*.ipynb")}
-    notes = [f"{name}.ipynb is not part of {lab}; ignored" for name in sorted(found - set(specs))]
+    notes = [f"the submission held links or special files, not copied: {notes_mod.some(skipped)}"] if skipped else []
+    notes += [f"{name}.ipynb is not part of {lab}; ignored" for name in sorted(found - set(specs))]
     missing = sorted(set(specs) - found)
     if len(missing) == len(specs):
         raise FileNotFoundError(f"no {', '.join(m + '.ipynb' for m in missing)} in the submission "
@@ -216,6 +241,7 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     notes += [f"{m}.ipynb is missing; it scores 0" for m in missing]
     for name in sorted(found & set(specs)):
         notes += integrity.repair_notebook(sub / f"{name}.ipynb", specs[name])
+        notes += scan.scan_notes(integrity.read_notebook(sub / f"{name}.ipynb"), limits.flagged)
     return notes
 
 
@@ -241,6 +267,10 @@ def run_autograde(box: Path, lab: str, student: str, limits: Limits,
         (exit status or None when killed, whether the wall-clock limit was hit).
     """
     cmd = nbgrader_command() + ["autograde", lab, "--student", student, "--force"]
+    if limits.confine_writes:
+        # nbgrader itself writes only in the grading copy: a link the kernel left cannot carry its
+        # writes into the course (Landlock; without it, links.remove_unsafe is the only guard)
+        cmd = [sys.executable, "-m", "gpulab.course.jail", "--write", str(box), "--", *cmd]
     t0 = time.monotonic()
     with open(box / "nbgrader.log", "wb") as log:
         # A session of its own: a student's process group signals cannot reach the grader.
@@ -291,6 +321,12 @@ def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity
     before = _snapshot(box, [box / "autograded", box / "tmp"])
     rc, timed_out = run_autograde(box, lab, student, limits, cancel)
     result.seconds = time.perf_counter() - t0
+    planted = links.remove_unsafe(box)  # the kernel's processes are gone: nothing re-plants them now
+    if (box / "removed.txt").is_file():  # what nbgrader's SandboxedExecute removed when the kernel stopped
+        planted = (box / "removed.txt").read_text().split("\n")[:-1] + planted
+    planted = [p for p in planted if not p.startswith("tmp/")]  # sockets of DataLoader workers, harmless there
+    if planted:
+        result.notes.append(f"left links or special files in its folder, removed unread: {notes_mod.some(planted)}")
     after = _snapshot(box, [work, box / "tmp"])
     strays = sorted(p for p, st in after.items() if before.get(p) != st and p not in _NBGRADER_FILES)
     result.landlock, refused, reads = notes_mod.read_write_log(box / "writes.jsonl")

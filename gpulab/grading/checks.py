@@ -203,6 +203,31 @@ def _qualname(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
+def code_key(code: Any) -> tuple:
+    """What a code object *does*: its bytecode, constants (nested code objects by their own key)
+    and the names it uses; not its name, file or line. A copy of a reference (``exec`` of its
+    source, ``types.FunctionType(ref.__code__, ...)``, ``code.replace(co_name=...)``) has the same
+    key, so it is caught as the reference it is."""
+    consts = tuple(code_key(c) if hasattr(c, "co_code") else (type(c).__name__, repr(c)) for c in code.co_consts)
+    return (code.co_code, consts, code.co_names)
+
+
+def _distinctive(code: Any) -> bool:
+    """Whether a copy of ``code`` can be told from a student's own: it carries a docstring, or is
+    long enough. (``def __len__(self): return self.n`` is written the same by everyone; only the
+    very object counts for such code.)"""
+    return bool(code.co_consts and isinstance(code.co_consts[0], str)) or len(code.co_code) >= 128
+
+
+# Calls that switch the profiler (and with it this check) off; their ``c_call`` event reaches the
+# profiler before they take effect.
+_PROFILER_SWITCHES = ("setprofile", "settrace", "setprofile_all_threads", "settrace_all_threads")
+
+
+def _switches_profiler(fn: Any) -> bool:
+    return getattr(fn, "__self__", None) is sys and getattr(fn, "__name__", "") in _PROFILER_SWITCHES
+
+
 def check_not_calling(
     fn: Callable[..., Any],
     *args: Any,
@@ -214,34 +239,52 @@ def check_not_calling(
 
     The references are gpulab's own implementations of the exercise. Calls are traced with
     ``sys.setprofile`` in this thread and ``threading.setprofile`` in threads started meanwhile,
-    so aliases (``from gpulab... import X as mine``) and calls from helpers are caught too.
+    so aliases (``from gpulab... import X as mine``) and calls from helpers are caught too. Code
+    is compared by content (:func:`code_key`; for a reference with a docstring or of some length),
+    so a copy of a reference counts as the reference, and turning the profiler off
+    (``sys.setprofile(None)``) while the check runs fails it.
 
     Returns:
         Whatever ``fn`` returned, so the caller can go on checking the result.
     """
-    targets: dict[Any, str] = {}
+    targets: dict[Any, str] = {}  # the code objects themselves, and the content of distinctive ones
     for ref in forbidden:
         for code in _code_objects(ref):
             targets[code] = _qualname(ref)
+            if _distinctive(code):
+                targets[code_key(code)] = _qualname(ref)
     hits: list[str] = []
+    seen: dict[int, tuple[Any, str | None]] = {}  # id(code) -> (code, hit); the code is kept so ids stay unique
 
     def tracer(frame, event, arg):  # noqa: ANN001 - profiler signature
-        if event == "call" and frame.f_code in targets:
-            hits.append(targets[frame.f_code])
+        if event == "call":
+            code = frame.f_code
+            entry = seen.get(id(code))
+            if entry is None:
+                entry = seen[id(code)] = (code, targets.get(code) or targets.get(code_key(code)))
+            if entry[1] is not None:
+                hits.append(entry[1])
+        elif event == "c_call" and frame is not own and _switches_profiler(arg):
+            hits.append(f"sys.{arg.__name__} (which turns this check off)")
 
+    own = sys._getframe()  # this function's own calls below switch the profiler back
     old = sys.getprofile()
     threading.setprofile(tracer)
     sys.setprofile(tracer)
     try:
         result = fn(*args, **kwargs)
     finally:
+        still_on = sys.getprofile() is tracer
         sys.setprofile(old)
         threading.setprofile(None)
+    if not still_on and not hits:
+        hits.append("something that replaced the profiler (which turns this check off)")
     if hits:
         name = what or getattr(fn, "__name__", "your function")
         _fail(
             name,
-            f"it calls gpulab's reference {hits[0]}",
+            f"it calls gpulab's reference {hits[0]}" if "turns this check off" not in hits[0]
+            else f"it calls {hits[0]}",
             "the exercise is to write this yourself; use torch operations, not the gpulab reference",
         )
     return result

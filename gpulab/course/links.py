@@ -1,0 +1,133 @@
+"""Never follow what a submission planted: links, FIFOs, device nodes and hard links.
+
+A student controls two folders the grader later reads or writes with the instructor's rights:
+the submission (``submitted/<student>/<lab>/``) and the folder the kernel ran in (the autograded
+copy). A symbolic link there, left for the grader, redirects its writes (nbgrader writing the
+autograded notebook through a link onto a classmate's submission or the gradebook) and its
+copies (``copytree`` copying the course's ``source/`` or ``/dev/zero`` without end). A hard link
+or a FIFO does the same with less to see. So:
+
+- :func:`copy_regular` copies a submission file by file, opening each with ``O_NOFOLLOW`` and
+  checking the open file (``fstat``): regular, one link, under the size cap; anything else is
+  skipped and named.
+- :func:`remove_unsafe` deletes every symlink, FIFO, socket, device node and multiply-linked file
+  under a folder (after the kernel is gone, before nbgrader writes there again).
+- :func:`copy_notebooks` copies back only regular ``*.ipynb`` files of the top folder, each
+  under the cap, the same careful way.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "symlink"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _unsafe(st: os.stat_result) -> str | None:
+    """Why a file must not be touched (None: a plain, singly-linked file or a real folder)."""
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return _kind(st.st_mode)
+    if st.st_nlink > 1:
+        return "hard link"
+    return None
+
+
+def remove_unsafe(folder: str | Path) -> list[str]:
+    """Delete every symlink, FIFO, socket, device node and multiply-linked file under ``folder``
+    (never following a link); return what was removed, relative to ``folder``."""
+    folder = Path(folder)
+    removed: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        d = Path(dirpath)
+        for name in list(dirnames) + filenames:
+            path = d / name
+            try:
+                why = _unsafe(path.lstat())
+                if why is not None:
+                    path.unlink()
+                    removed.append(f"{path.relative_to(folder)} ({why})")
+            except FileNotFoundError:
+                continue
+        dirnames[:] = [n for n in dirnames if (d / n).is_dir() and not (d / n).is_symlink()]
+    return removed
+
+
+def _copy_fd(src: Path, dst: Path, max_bytes: int) -> str | None:
+    """Copy one file if it is a regular, singly-linked file of at most ``max_bytes``; else why not."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:  # ELOOP: a symlink; ENXIO: a FIFO without a writer
+        try:
+            return _unsafe(src.lstat()) or err.strerror
+        except OSError:
+            return err.strerror
+    try:
+        st = os.fstat(fd)
+        why = _unsafe(st)
+        if why:
+            return why
+        if st.st_size > max_bytes:
+            return f"larger than {max_bytes // 2**20} MiB"
+        copied = 0
+        with open(dst, "wb") as out:
+            while chunk := os.read(fd, _CHUNK):
+                copied += len(chunk)
+                if copied > max_bytes:  # it grew while being read
+                    break
+                out.write(chunk)
+        if copied > max_bytes:
+            dst.unlink()
+            return f"larger than {max_bytes // 2**20} MiB"
+        return None
+    finally:
+        os.close(fd)
+
+
+def copy_regular(src: str | Path, dst: str | Path, max_bytes: int, skip: tuple[str, ...] = (".ipynb_checkpoints",)
+                 ) -> list[str]:
+    """Copy the regular files under ``src`` into ``dst`` (created), never following a link.
+
+    Returns:
+        What was skipped and why, e.g. ``"answer.ipynb (symlink)"``.
+    """
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    skipped: list[str] = []
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if entry.name in skip:
+            continue
+        path = Path(entry.path)
+        st = path.lstat()
+        if stat.S_ISDIR(st.st_mode):
+            skipped += [f"{entry.name}/{s}" for s in copy_regular(path, dst / entry.name, max_bytes, skip)]
+            continue
+        why = _copy_fd(path, dst / entry.name, max_bytes)
+        if why:
+            skipped.append(f"{entry.name} ({why})")
+    return skipped
+
+
+def copy_notebooks(src: str | Path, dst: str | Path, max_bytes: int) -> list[str]:
+    """Copy the regular ``*.ipynb`` files directly in ``src`` to ``dst`` (created); return what
+    was skipped and why."""
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    skipped = []
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if entry.name.endswith(".ipynb"):
+            why = _copy_fd(Path(entry.path), dst / entry.name, max_bytes)
+            if why:
+                skipped.append(f"{entry.name} ({why})")
+    return skipped

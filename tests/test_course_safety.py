@@ -1,0 +1,222 @@
+"""The grader's defences against a hostile submission, piece by piece (fast: no nbgrader run):
+links and special files never followed, the static scan, the tamper probes' verdicts,
+check_not_calling by content, the jail's signal scope and its read exceptions, feedback redaction.
+The whole class, attacks included, is graded by tests/test_grading_class.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpulab import grading
+from gpulab.course import feedback as fb
+from gpulab.course import links, scan, tamper
+from gpulab.course.jail import landlock_abi
+from gpulab.course.notes import read_write_log, write_notes
+
+
+def _hostile_folder(root: Path, outside: Path) -> Path:
+    folder = root / "sub"
+    folder.mkdir()
+    (folder / "lab.ipynb").write_text("{}")
+    (folder / "data").mkdir()
+    (folder / "data" / "x.csv").write_text("1,2")
+    (folder / "zero.ipynb").symlink_to("/dev/zero")
+    (folder / "escape").symlink_to(outside)
+    (folder / "out.ipynb").symlink_to(outside / "secret.ipynb")
+    os.mkfifo(folder / "pipe.ipynb")
+    os.link(outside / "gradebook.db", folder / "hard.ipynb")
+    return folder
+
+
+@pytest.fixture
+def hostile(tmp_path: Path) -> tuple[Path, Path]:
+    outside = tmp_path / "course"
+    outside.mkdir()
+    (outside / "secret.ipynb").write_text("hidden tests")
+    (outside / "gradebook.db").write_text("grades")
+    return _hostile_folder(tmp_path, outside), outside
+
+
+def test_copy_regular_copies_plain_files_and_names_the_rest(hostile, tmp_path: Path) -> None:
+    folder, outside = hostile
+    skipped = links.copy_regular(folder, tmp_path / "copy", max_bytes=2**20)
+    got = sorted(str(p.relative_to(tmp_path / "copy")) for p in (tmp_path / "copy").rglob("*"))
+    assert got == ["data", "data/x.csv", "lab.ipynb"]
+    assert sorted(skipped) == ["escape (symlink)", "hard.ipynb (hard link)", "out.ipynb (symlink)",
+                               "pipe.ipynb (FIFO)", "zero.ipynb (symlink)"]
+    (folder / "big.ipynb").write_bytes(b"x" * 3000)
+    assert "big.ipynb (larger than 0 MiB)" in links.copy_regular(folder, tmp_path / "copy2", max_bytes=2000)
+
+
+def test_remove_unsafe_deletes_links_fifos_and_hard_links_without_following(hostile) -> None:
+    folder, outside = hostile
+    removed = links.remove_unsafe(folder)
+    assert len(removed) == 5 and sorted(p.name for p in folder.iterdir()) == ["data", "lab.ipynb"]
+    assert (outside / "secret.ipynb").read_text() == "hidden tests" and (outside / "gradebook.db").exists()
+
+
+def test_copy_notebooks_copies_back_only_regular_notebooks(hostile, tmp_path: Path) -> None:
+    folder, _ = hostile
+    skipped = links.copy_notebooks(folder, tmp_path / "back", max_bytes=2**20)
+    assert [p.name for p in (tmp_path / "back").iterdir()] == ["lab.ipynb"]
+    assert len(skipped) == 4  # zero, out, pipe, hard (the folder link is not a notebook)
+
+
+def test_scan_flags_what_only_tampering_needs_and_not_the_labs() -> None:
+    assert scan.scan_source("get_ipython().events.register('post_run_cell', f)") == ["IPython events"]
+    assert scan.scan_source("import builtins\nbuiltins.isinstance = lambda *a: True") == ["writes to builtins"]
+    assert scan.scan_source("torch.testing.assert_close = f") == ["attribute assignment on gpulab/torch modules"]
+    assert scan.scan_source("sys.modules['gpulab.grading'] = fake") == ["writes to sys.modules"]
+    assert scan.scan_source("import fcntl; fcntl.ioctl(0, termios.TIOCSTI, c)") == ["ioctl"]
+    assert scan.scan_source("torch.backends.cudnn.benchmark = True\nx = torch.ones(2)\nif a == b: pass") == []
+    root = Path(__file__).resolve().parents[1] / "notebooks" / "source"
+    for path in sorted(root.glob("*/*.ipynb")):  # the labs' own solutions need none of it
+        nb = nbformat.read(str(path), as_version=4)
+        assert scan.scan_notes(nb) == [], path.name
+
+
+def test_canary_verdicts() -> None:
+    n = tamper.new_nonce()
+    ok = {"status": "error", "ename": "GradingError", "evalue": tamper.canary_expected(n)}
+    shown = [{"ename": "GradingError", "evalue": tamper.canary_expected(n)}]
+    assert tamper.canary_verdict(n, ok, shown) is None
+    assert "passed" in tamper.canary_verdict(n, {"status": "ok"}, [])
+    assert "not recorded" in tamper.canary_verdict(n, ok, [])
+    wrong = dict(ok, evalue=f"canary {n}: expected {-n}, got 9")
+    assert "failed differently" in tamper.canary_verdict(n, wrong, shown)
+    assert str(n) in tamper.canary_code(n) and tamper.canary_code(n) != tamper.canary_code(n + 1)
+
+
+def test_fingerprint_compare_names_what_changed() -> None:
+    before = {"gpulab.grading.check_equal": [1, "a"], "list:input_transformers_cleanup": [5],
+              "module:gpulab.grading": [9, None], "events": {"post_run_cell": [[7, "IPython.core"]]}}
+    assert tamper.compare(before, dict(before)) == []
+    now = dict(before, **{"gpulab.grading.check_equal": [2, "a"], "list:input_transformers_cleanup": [5, 6],
+                          "builtins.sneaky": [3, None], "aliases": {"grading": 10},
+                          "events": {"post_run_cell": [[7, "IPython.core"], [8, "__main__"], [11, "matplotlib.pyplot"]]}})
+    assert tamper.compare(before, now) == ["gpulab.grading.check_equal", "input_transformers_cleanup",
+                                           "builtins.sneaky (added)", "the notebook's name 'grading' is not the real module",
+                                           "IPython event 'post_run_cell' has a new callback"]
+    assert "printed nothing" in tamper.compare(before, None)[0]
+
+
+def _reference(x):
+    """A reference with a docstring: a copy of it is told from a student's own."""
+    total = 0
+    for i in range(x):
+        total += i * i
+    return total
+
+
+def test_check_not_calling_catches_copies_and_a_switched_off_profiler() -> None:
+    copy = types.FunctionType(_reference.__code__.replace(co_name="mine"), globals())
+    with pytest.raises(grading.GradingError, match="calls gpulab's reference"):
+        grading.check_not_calling(lambda x: copy(x), 5, forbidden=[_reference])
+    exec_copy: dict = {}
+    exec(f"def ref(x):\n    {_reference.__doc__!r}\n    total = 0\n    for i in range(x):\n        total += i * i\n"
+         "    return total\n", exec_copy)  # the reference's source, run again: the same code
+    with pytest.raises(grading.GradingError, match="calls gpulab's reference"):
+        grading.check_not_calling(lambda x: exec_copy["ref"](x), 5, forbidden=[_reference])
+
+    def sneaky(x):
+        sys.setprofile(None)
+        return _reference(x)
+
+    with pytest.raises(grading.GradingError, match="sys.setprofile"):
+        grading.check_not_calling(sneaky, 5, forbidden=[_reference])
+    assert sys.getprofile() is None
+
+    def honest(x):
+        return sum(i * i for i in range(x))
+
+    assert grading.check_not_calling(honest, 5, forbidden=[_reference]) == 30
+
+    class Reference:
+        def __len__(self):
+            return self.n
+
+    class Mine:  # the same one-liner, written by the student: only the very object would count
+        n = 3
+
+        def __len__(self):
+            return self.n
+
+    assert grading.check_not_calling(lambda: len(Mine()), forbidden=[Reference]) == 3
+    with pytest.raises(grading.GradingError):
+        grading.check_not_calling(lambda: Reference.__len__(Mine()), forbidden=[Reference])
+
+
+def _jail(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "probe_mod.py").write_text(code)
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "gpulab.course.jail", *args, "--", "-m", "probe_mod"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+
+
+@pytest.mark.skipif(landlock_abi() < 6, reason="Landlock's signal scope needs ABI 6 (Linux 6.12)")
+def test_jail_keeps_signals_inside_and_notes_the_attempt(tmp_path: Path) -> None:
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        code = f"""
+import os, signal, subprocess
+child = subprocess.Popen(["sleep", "60"])
+os.kill(child.pid, signal.SIGKILL)  # its own child: allowed
+print("child", child.wait())
+try:
+    os.kill({victim.pid}, signal.SIGKILL)
+    print("killed the victim")
+except PermissionError:
+    print("refused")
+"""
+        proc = _jail(tmp_path, code, "--audit-log", str(tmp_path / "log.jsonl"), "--write", str(tmp_path))
+        assert "child -9" in proc.stdout and "refused" in proc.stdout, proc.stdout + proc.stderr
+        assert victim.poll() is None
+        _, refused, _ = read_write_log(tmp_path / "log.jsonl")
+        assert write_notes(refused, []) == [f"tried to send signal to pid {victim.pid} outside its kernel "
+                                            "(the grader, nbgrader or a classmate)"]
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_jail_reads_its_own_folders_of_a_denied_grading_root(tmp_path: Path) -> None:
+    root = tmp_path / "grading"
+    mine, other = root / "lab" / "me" / "work", root / "lab" / "classmate" / "tmp"
+    for d in (mine, other):
+        d.mkdir(parents=True)
+    (mine / "ok.txt").write_text("mine")
+    (other / "kernel.json").write_text("classmate's key")
+    code = f"""
+print(open({str(mine / 'ok.txt')!r}).read())
+try:
+    print("LEAK", open({str(other / 'kernel.json')!r}).read())
+except PermissionError:
+    print("refused")
+"""
+    proc = _jail(tmp_path, code, "--no-read", str(root), "--read", str(mine), "--audit-log", str(tmp_path / "l.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    assert "mine" in proc.stdout and "refused" in proc.stdout and "LEAK" not in proc.stdout
+
+
+def test_feedback_redacts_quoted_secrets_and_test_cell_streams() -> None:
+    secrets = {"secret_case_value = f(12345)"}
+    test = nbformat.v4.new_code_cell("check(f(1) == 1)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="whatever the student printed"),
+        nbformat.v4.new_output("error", ename="ValueError", evalue="secret_case_value  =  f(12345)", traceback=["x"])])
+    test.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t"}
+    mine = nbformat.v4.new_code_cell("print(stash)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="hello\n    secret_case_value = f(12345)\nbye\n")])
+    pre = fb.HideHiddenTests()
+    pre._secrets = secrets
+    pre.preprocess_cell(test, {}, 0)
+    pre.preprocess_cell(mine, {}, 1)
+    assert [o.output_type for o in test.outputs] == ["error"]
+    assert test.outputs[0].evalue == fb.REDACTED + "\n" and "secret" not in "".join(test.outputs[0].traceback)
+    assert mine.outputs[0].text == f"hello\n{fb.REDACTED}\nbye\n"
