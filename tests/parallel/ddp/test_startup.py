@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gpulab.parallel import resolve_backend, threads_per_rank
+from gpulab.devices import MachineSpec
+from gpulab.parallel import rank_device, resolve_backend, threads_per_rank
 from gpulab.parallel.ddp import startup
 
 
@@ -25,13 +26,41 @@ def _port(rank, world_size):
 
 
 def test_resolve_backend(monkeypatch):
+    """resolve_backend is lab 00's choose_backend applied to MachineSpec.this_machine()."""
     assert resolve_backend("gloo", 4) == "gloo"
-    monkeypatch.setattr(startup, "_usable_gpus", lambda: 2)
-    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+
+    def this_machine(num_gpus, nccl=True):
+        monkeypatch.setattr(MachineSpec, "this_machine", classmethod(lambda cls: MachineSpec(num_gpus, True, nccl)))
+
+    this_machine(2)
     assert resolve_backend("auto", 2) == "nccl"
     assert resolve_backend("auto", 3) == "gloo", "3 ranks on 2 GPUs would share a GPU, which NCCL refuses"
-    monkeypatch.setattr(startup, "_usable_gpus", lambda: 0)
+    assert resolve_backend("nccl", 2) == "nccl"
+    with pytest.raises(ValueError, match="2 usable GPU"):
+        resolve_backend("nccl", 3)
+    this_machine(4, nccl=False)
+    with pytest.raises(ValueError, match="no NCCL"):
+        resolve_backend("nccl", 2)
+    this_machine(0)
     assert resolve_backend("auto", 1) == "gloo"
+    with pytest.raises(ValueError, match="world_size"):
+        resolve_backend("auto", 0)
+
+
+def test_rank_device_follows_place_ranks_under_nccl_and_stays_on_the_cpu_under_gloo(monkeypatch):
+    """Inside a process group: place_ranks' GPU under nccl, the CPU under gloo (even with GPUs)."""
+    monkeypatch.setattr(MachineSpec, "this_machine", classmethod(lambda cls: MachineSpec(2, True, True)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 4)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setattr(dist, "get_backend", lambda: "nccl")
+    assert [rank_device(r) for r in range(4)] == [torch.device(d) for d in ("cuda:0", "cuda:1", "cuda:0", "cuda:1")]
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    assert rank_device() == torch.device("cuda:1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert rank_device() == torch.device("cuda:0"), "torchrun's LOCAL_RANK wins over the global rank"
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    assert rank_device(1) == torch.device("cpu")
 
 
 def test_cuda_initialised_in_the_caller_means_spawn_for_nccl(monkeypatch):
