@@ -37,6 +37,8 @@ LABS: tuple[Lab, ...] = (
         "2 logical devices sharing {physical}, one thread each (simulated)"),
     Lab("08_oom", "out of memory", "leaks, no_grad, max batch size, AMP, checkpointing, shape summary", 1,
         "{physical}, memory metered by MemoryMeter under a budget"),
+    Lab("10_search", "hyperparameter search", "grid, random, TPE and ASHA on Ray Tune; packing trials with fractional resources", 1,
+        "Ray trials share the CPU cores of {physical}"),
 )
 
 
