@@ -1,6 +1,7 @@
 """Graders for lab 10 (hyperparameter search): the hidden tests call these.
 
-The student writes three things; each grader compares them with gpulab's reference, loaded
+Every check returns None (nbgrader would read a test cell's last value as partial credit) and
+raises ``GradingError`` on failure. The student writes three things; each grader compares them with gpulab's reference, loaded
 afresh from its source file (so replacing ``gpulab.hpo.successive_halving`` in the kernel does
 not change what the student is compared with), and checks that the student's code does not just
 call the reference (:data:`REFERENCES`, for ``grading.check_not_calling``):
@@ -78,11 +79,10 @@ def _random_rungs(rng: random.Random) -> tuple[list[dict[str, float]], float]:
     return rungs, rf
 
 
-def check_promotion_rule(fn: Callable[..., Any], num_random: int = 150, seed: int = 10) -> int:
+def check_promotion_rule(fn: Callable[..., Any], num_random: int = 150, seed: int = 10) -> None:
     """``fn`` promotes what successive halving promotes: the hand-worked cases, then random rungs.
 
-    Returns:
-        The number of cases checked.
+    Returns nothing (a test cell's last value would be read by nbgrader as partial credit).
     """
     ref = fresh_reference().successive_halving
     cases = [(copy.deepcopy(r), rf) for r, rf, _ in HAND_WORKED]
@@ -100,16 +100,14 @@ def check_promotion_rule(fn: Callable[..., Any], num_random: int = 150, seed: in
                                      "rung promotes nobody")
     grading.check_raises(ValueError, fn, [{"a": 1.0}, {}], 1, what="successive_halving with reduction_factor=1",
                          hint="a reduction factor must be > 1")
-    return len(cases)
 
 
-def check_replay(fn: Callable[..., Any], curves: dict[str, list[float]], milestones: list[int], rf: float) -> Any:
+def check_replay(fn: Callable[..., Any], curves: dict[str, list[float]], milestones: list[int], rf: float) -> None:
     """Successive halving replayed on the lab's curves with ``fn`` matches the reference."""
     fresh = fresh_reference()
     want = fresh.replay_halving(curves, milestones, rf, rule=fresh.successive_halving)
     got = fresh.replay_halving(curves, milestones, rf, rule=fn)
     grading.check_equal(got.reached, want.reached, what="the epochs each trial reaches when your rule replays the search")
-    return got
 
 
 def check_asha_scheduler(scheduler: Any, max_t: int, grace_period: int = 1, reduction_factor: float = 3) -> None:
@@ -128,13 +126,12 @@ def check_asha_scheduler(scheduler: Any, max_t: int, grace_period: int = 1, redu
 
 
 def check_asha_saving(random_epochs: int, asha_epochs: int, random_best: float, asha_best: float, *,
-                      at_least: float = 2.0, max_gap: float = 0.03) -> float:
+                      at_least: float = 2.0, max_gap: float = 0.03) -> None:
     """ASHA used ``at_least`` times fewer trial-epochs and lost at most ``max_gap`` accuracy."""
     grading.check(asha_epochs > 0, "the ASHA search ran no epoch", hint="run the ASHA cell after make_asha")
-    saving = grading.check_ratio(random_epochs, asha_epochs, at_least=at_least,
-                                 what="trial-epochs of random search / trial-epochs of ASHA on the same configs")
+    grading.check_ratio(random_epochs, asha_epochs, at_least=at_least,
+                        what="trial-epochs of random search / trial-epochs of ASHA on the same configs")
     grading.check_between(random_best - asha_best, None, max_gap, what="best accuracy lost by stopping trials early")
-    return saving
 
 
 def check_packed_resources(fn: Callable[..., Any]) -> None:
