@@ -51,8 +51,8 @@ QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AIR_NEW_OUTPUT": "0", "RAY_DED
 # paths stop at 107 bytes.
 _MAX_TEMP_DIR = 40
 # Ray gives a new raylet 30 s (hard-coded) to register with the GCS; on a machine loaded past
-# that, try once more before giving up
-_START_ATTEMPTS = 2
+# that, try again (twice) before giving up
+_START_ATTEMPTS = 3
 # what a Ray process looks like: the node's binaries and the proctitles Ray's workers set
 _RAY_NAMES = ("raylet", "gcs_server")
 _RAY_CMD_MARKS = ("/ray/_private/", "/ray/autoscaler/", "/ray/dashboard/", "/ray/core/src/", "default_worker.py")
