@@ -100,18 +100,26 @@ class TrialTimer(Callback):
         return peak
 
 
-def mean_utilization(monitor: Any, window: tuple[float, float], kind: str = "cpu") -> float:
-    """Mean busy % of all CPU cores (``kind="cpu"``) or all NVML GPUs (``"gpu"``) that
-    ``monitor`` (a :class:`gpulab.monitor.UtilizationMonitor`) sampled inside ``window``
-    (``time.perf_counter()`` seconds, as :attr:`TrialTimer.steady_window`). NaN if no sample falls inside.
+def mean_utilization(monitor: Any, window: tuple[float, float], kind: str = "search") -> float:
+    """Mean busy % that ``monitor`` (a :class:`gpulab.monitor.UtilizationMonitor`) sampled
+    inside ``window`` (``time.perf_counter()`` seconds, as :attr:`TrialTimer.steady_window`).
+
+    Args:
+        kind: ``"search"``: this process and its children (the raylet's trial workers) as a share
+            of all cores, i.e. how much of the machine the search used; ``"cpu"``: all cores,
+            whoever used them (htop); ``"gpu"``: all NVML GPUs (nvidia-smi's GPU-Util).
+
+    Returns:
+        The mean in %, NaN if no sample falls inside the window (or no GPU for ``"gpu"``).
 
     Raises:
         ValueError: for another ``kind``.
     """
-    if kind not in ("cpu", "gpu"):
-        raise ValueError(f"kind must be 'cpu' or 'gpu', got {kind!r}")
+    if kind not in ("search", "cpu", "gpu"):
+        raise ValueError(f"kind must be 'search', 'cpu' or 'gpu', got {kind!r}")
     a = monitor.arrays()
-    values = a["cpu"] if kind == "cpu" else a["gpu_util"]  # (samples, cores or GPUs)
+    cores = max(a["cpu"].shape[1], 1)
+    values = {"search": a["process"].reshape(-1, 1) / cores, "cpu": a["cpu"], "gpu": a["gpu_util"]}[kind]  # (N, k)
     t = a["t"] + monitor.t0  # sample times are perf_counter() - t0, t0 taken at start()
     inside = (t >= window[0]) & (t <= window[1])
     if not inside.any() or values.shape[1] == 0:
