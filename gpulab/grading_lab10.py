@@ -10,7 +10,8 @@ call the reference (:data:`REFERENCES`, for ``grading.check_not_calling``):
   cases, then random rungs with ties, NaNs and already-promoted trials);
 - ``make_asha(max_t)``: :func:`check_asha_scheduler` (the scheduler's settings) and
   :func:`check_asha_saving` (the measured trial-epochs and best accuracy of the two searches);
-- ``packed_resources(trials_per_device, num_cpus, num_gpus)``: :func:`check_packed_resources`.
+- ``packed_resources(trials_per_device, num_cpus, num_gpus)``: :func:`check_packed_resources`,
+  and :func:`check_packing_gain` on the throughput it measured.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from gpulab.hpo import halving as _halving
 from gpulab.hpo import packing as _packing
 
 __all__ = ["REFERENCES", "HAND_WORKED", "check_promotion_rule", "check_replay", "check_asha_scheduler",
-           "check_asha_saving", "check_packed_resources", "fresh_reference"]
+           "check_asha_saving", "check_packed_resources", "check_packing_gain", "fresh_reference"]
 
 # gpulab's own answers: a student's exercise must not call these
 REFERENCES = (_halving.successive_halving, _halving.asha_continues, _halving.replay_halving,
@@ -132,6 +133,25 @@ def check_asha_saving(random_epochs: int, asha_epochs: int, random_best: float, 
     grading.check_ratio(random_epochs, asha_epochs, at_least=at_least,
                         what="trial-epochs of random search / trial-epochs of ASHA on the same configs")
     grading.check_between(random_best - asha_best, None, max_gap, what="best accuracy lost by stopping trials early")
+
+
+def check_packing_gain(ratio: float, idle_pct: float, *, at_least: float = 1.15, busy_idle_pct: float = 15.0) -> None:
+    """Packing raised the steady-state trials per hour ``at_least`` times, where it could.
+
+    Packing fills time that one trial per device leaves idle. ``idle_pct`` is the share of the
+    CPU cores nobody used while the unpacked search ran (100 - the cores' mean busy %). On a
+    machine that other jobs already kept busy (``idle_pct < busy_idle_pct``) there was nothing to
+    fill, so the check only asks that packing did not make the search slower (``>= 0.9``), and
+    says so.
+    """
+    if idle_pct < busy_idle_pct:
+        grading.check_between(ratio, 0.9, None, what=f"trials per hour, packed / one per device (the cores were only "
+                              f"{idle_pct:.0f} % idle: other jobs kept them busy, so packing could not gain much)",
+                              hint="packing must at least not slow the search down")
+        return
+    grading.check_between(ratio, at_least, None, what=f"trials per hour, packed / one per device "
+                          f"(the cores were {idle_pct:.0f} % idle during the unpacked search)",
+                          hint="the trials wait for data; two per core fill that wait")
 
 
 def check_packed_resources(fn: Callable[..., Any]) -> None:
