@@ -92,6 +92,36 @@ def test_packed_resources():
             packed_resources(bad, 2)
 
 
+def test_trial_timer_steady_state_and_window_utilization():
+    """Two slots, six trials of three 1 s epochs: 2 trial-epochs/s between 'both slots warm' and
+    'last start'; the monitor's mean over that window, per kind."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    from gpulab.hpo.timing import TrialTimer, mean_utilization
+
+    timer = TrialTimer()
+    for tid, start in zip("ABCDEF", (0.0, 0.5, 3.0, 3.5, 6.0, 6.5)):
+        timer.starts[tid], timer.ends[tid] = start, start + 3.0
+        timer.results += [(start + e, tid) for e in (1.0, 2.0, 3.0)]
+    assert timer.max_concurrent == 2
+    assert timer.steady_window == (1.5, 6.5)
+    assert timer.epochs_per_s == pytest.approx(10 / 5.0)
+    assert timer.trials_per_hour == pytest.approx(2.0 * 3600 / 3)
+    t = np.arange(0.0, 10.0, 0.5)
+    cpu = np.where(t[:, None] < 5, [[100.0, 0.0]], [[50.0, 50.0]])  # (N, 2 cores)
+    monitor = SimpleNamespace(t0=100.0, arrays=lambda: {"t": t, "cpu": cpu, "process": np.full(len(t), 60.0),
+                                                        "gpu_util": np.zeros((len(t), 0))})
+    assert mean_utilization(monitor, (100.0, 104.9), kind="cpu") == pytest.approx(50.0)
+    assert mean_utilization(monitor, (100.0, 109.9)) == pytest.approx(30.0)  # 60 % of one core of 2
+    assert np.isnan(mean_utilization(monitor, (100.0, 110.0), kind="gpu"))
+    assert np.isnan(mean_utilization(monitor, (200.0, 300.0)))
+    with pytest.raises(ValueError, match="kind"):
+        mean_utilization(monitor, (0.0, 1.0), kind="disk")
+    with pytest.raises(ValueError, match="no trial has finished"):
+        TrialTimer().window
+
+
 # --- the trainable, without Ray ------------------------------------------------------------------
 
 def _run(config, state=None):

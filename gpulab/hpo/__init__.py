@@ -9,6 +9,8 @@
 - :mod:`gpulab.hpo.packing`: fractional resources that pack several trials onto one device.
 - :mod:`gpulab.hpo.results` and :mod:`gpulab.hpo.plots`: a ``ResultGrid`` as trial-epochs,
   best accuracy, trials per hour, and as plots.
+- :mod:`gpulab.hpo.timing`: ``TrialTimer``, a Tune callback for steady-state throughput, and the
+  utilisation monitor's mean over the same window (imports Ray, so it is not imported here).
 
 Importing this package does not import Ray; the session and the trainable import it when used.
 """
