@@ -237,7 +237,7 @@ def test_an_interrupted_run_leaves_no_ray_process():
     seen: list[int] = []
     with pytest.raises(KeyboardInterrupt):
         with ray_session(num_cpus=1):
-            assert ray.get(ray.remote(os.getpid).remote()) != os.getpid()  # a worker process ran
+            assert ray.get(ray.remote(lambda: os.getpid()).remote()) != os.getpid()  # a worker process ran
             seen += [p.pid for p in ray_processes()]
             raise KeyboardInterrupt
     assert len(seen) >= 3  # GCS, raylet, worker (and agents)
