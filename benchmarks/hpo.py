@@ -18,7 +18,9 @@ Figures:
 - ``packing_throughput_ratio``: trials per hour packed / unpacked, in steady state (from the first
   trial's start to the last one's end, so the one-off worker start-up is left out; target > 1
   when trials wait for data); ``packing_wall_ratio`` is the same with start-up included;
-- wall times of Ray's start-up and of each search, and the mean CPU busy % while trials ran.
+- wall times of Ray's start-up and of each search; in the steady window, the share of the CPU
+  the search used (this process and its Ray workers) and how busy the cores were (anyone's work:
+  on a shared machine other jobs take the idle time packing would fill, and the gain shrinks).
 
 Sources: Li et al. 2020 (ASHA, arXiv 1810.05934); Ray Tune's guide to fractional resources.
 """
@@ -56,7 +58,8 @@ def _search(session, trainable, space, name, **tune_kw):
         summary = summarize(results, time.perf_counter() - t0, name)
     if summary.errors:
         raise RuntimeError(f"{name}: {len(summary.errors)} trial(s) failed: {next(iter(summary.errors.values()))}")
-    return results, summary, timer, mean_utilization(monitor, timer.window)
+    window = timer.steady_window
+    return results, summary, timer, (mean_utilization(monitor, window), mean_utilization(monitor, window, kind="cpu"))
 
 
 def main() -> None:
@@ -73,7 +76,7 @@ def main() -> None:
     num_cpus, num_gpus = os.cpu_count() or 1, cuda_device_count()
     space = {"lr": tune.loguniform(1e-3, 1.0), "width": tune.lograndint(8, 129), "epochs": args.epochs,
              "io_wait_ms": args.io_wait_ms}
-    t_all = time.perf_counter()
+    t_all, load_before = time.perf_counter(), os.getloadavg()[0]
     with ray_session(num_cpus=num_cpus, num_gpus=num_gpus) as session:
         rand, rand_s, rand_t, rand_util = _search(
             session, train_classifier, space, "random", num_samples=args.trials,
@@ -113,7 +116,9 @@ def main() -> None:
                           "packed": round(pack_s.best_accuracy, 4)},
         "packed_resources": resources,
         "max_concurrent": {"unpacked": rand_t.max_concurrent, "packed": pack_t.max_concurrent},
-        "cpu_busy_pct": {"unpacked": round(rand_util, 1), "packed": round(pack_util, 1)},
+        "search_cpu_pct": {"unpacked": round(rand_util[0], 1), "packed": round(pack_util[0], 1)},
+        "machine_cpu_busy_pct": {"unpacked": round(rand_util[1], 1), "packed": round(pack_util[1], 1)},
+        "load_average_1min": {"start": round(load_before, 1), "end": round(os.getloadavg()[0], 1)},
         "trials_per_hour_steady": {"unpacked": round(rand_t.trials_per_hour), "packed": round(pack_t.trials_per_hour)},
         "wall_s": {"ray_start": round(startup_s, 1), "random": round(rand_s.wall_s, 1), "asha": round(asha_s.wall_s, 1),
                    "packed": round(pack_s.wall_s, 1), "total": round(time.perf_counter() - t_all, 1)},
