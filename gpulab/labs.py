@@ -38,7 +38,7 @@ LABS: tuple[Lab, ...] = (
     Lab("08_oom", "out of memory", "leaks, no_grad, max batch size, AMP, checkpointing, shape summary", 1,
         "{physical}, memory metered by MemoryMeter under a budget"),
     Lab("10_search", "hyperparameter search", "grid, random, TPE and ASHA on Ray Tune; packing trials with fractional resources", 1,
-        "Ray trials share the CPU cores of {physical}"),
+        "Ray trials on the CPU cores, packed per core instead of per GPU"),
 )
 
 
