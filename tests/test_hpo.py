@@ -17,14 +17,26 @@ import psutil
 import pytest
 
 from gpulab import grading_lab10
-from gpulab.hpo import (HalvingReplay, asha_continues, learning_curves, packed_resources, ray_processes, ray_session,
-                        replay_halving, rung_milestones, run_trial, successive_halving, summarize, train_classifier,
-                        trial_epochs, trial_errors)
+from gpulab.hpo import (
+    HalvingReplay,
+    asha_continues,
+    learning_curves,
+    packed_resources,
+    ray_processes,
+    ray_session,
+    replay_halving,
+    run_trial,
+    rung_milestones,
+    successive_halving,
+    summarize,
+    train_classifier,
+    trial_epochs,
+    trial_errors,
+)
 
 ray = pytest.importorskip("ray")
 from ray import tune  # noqa: E402
 from ray.tune.schedulers.async_hyperband import _Bracket  # noqa: E402
-
 
 # --- the promotion rule --------------------------------------------------------------------------
 
@@ -95,8 +107,9 @@ def test_packed_resources():
 def test_trial_timer_steady_state_and_window_utilization():
     """Two slots, six trials of three 1 s epochs: 2 trial-epochs/s between 'both slots warm' and
     'last start'; the monitor's mean over that window, per kind."""
-    import numpy as np
     from types import SimpleNamespace
+
+    import numpy as np
 
     from gpulab.hpo.timing import TrialTimer, mean_utilization
 

@@ -15,9 +15,17 @@
 Importing this package does not import Ray; the session and the trainable import it when used.
 """
 
-from gpulab.hpo.packing import packed_resources
 from gpulab.hpo.halving import HalvingReplay, asha_continues, replay_halving, rung_milestones, successive_halving
-from gpulab.hpo.results import SearchSummary, best_so_far, learning_curves, summarize, trial_configs, trial_epochs, trial_errors
+from gpulab.hpo.packing import packed_resources
+from gpulab.hpo.results import (
+    SearchSummary,
+    best_so_far,
+    learning_curves,
+    summarize,
+    trial_configs,
+    trial_epochs,
+    trial_errors,
+)
 from gpulab.hpo.session import RaySession, ray_processes, ray_session
 from gpulab.hpo.trainable import DEFAULTS, TrialCrash, make_data, run_trial, train_classifier
 
