@@ -19,7 +19,8 @@ PYTHON  ?= $(shell command -v python3.11 || command -v python3)
 # wheels). GPU users: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
 # (changing the index reinstalls torch from the new one).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
-TORCH_STAMP := $(VENV)/.torch-from-$(shell printf '%s' '$(TORCH_INDEX)' | cksum | cut -d' ' -f1)
+TORCH_PIN   := $(shell grep -m1 '^torch==' constraints.txt)
+TORCH_STAMP := $(VENV)/.torch-from-$(shell printf '%s %s' '$(TORCH_INDEX)' '$(TORCH_PIN)' | cksum | cut -d' ' -f1)
 COURSE  := $(CURDIR)/notebooks
 WORK    ?= $(CURDIR)/work
 LAB     ?=
@@ -50,8 +51,9 @@ $(PY):
 	@"$(PY)" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpulab needs Python >= 3.11; run: rm -rf .venv && make setup PYTHON=python3.11")'
 
 # torch alone first, from TORCH_INDEX, without its dependencies (the next step takes those from
-# PyPI). A stamp per index: after `make setup TORCH_INDEX=<another>` torch is reinstalled.
-$(TORCH_STAMP): constraints.txt | $(PY)
+# PyPI). A stamp per index and torch pin: after `make setup TORCH_INDEX=<another>`, or a new pin in
+# constraints.txt, torch is reinstalled (other pins there do not touch torch).
+$(TORCH_STAMP): | $(PY)
 	@if ls "$(VENV)"/.torch-from-* >/dev/null 2>&1; then force="--force-reinstall"; \
 	  echo "reinstalling torch from $(TORCH_INDEX) (the index or the pinned version changed)"; else force=""; fi; \
 	"$(PY)" -m pip install --quiet --no-deps -c constraints.txt torch $$force --index-url "$(TORCH_INDEX)"

@@ -39,4 +39,6 @@ LABS: tuple[Lab, ...] = (
         "{physical}, memory metered by MemoryMeter under a budget"),
     Lab("09_sharding", "sharded data parallelism", "bytes per rank, ZeRO-1 written from scratch, no_sync accumulation, FSDP2", 2,
         "2 and 4 gloo processes sharing {physical}"),
+    Lab("10_search", "hyperparameter search", "grid, random, TPE and ASHA on Ray Tune; packing trials with fractional resources", 1,
+        "Ray trials on the CPU cores, packed per core instead of per GPU"),
 )
