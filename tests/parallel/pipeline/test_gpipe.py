@@ -16,23 +16,14 @@ from torch import nn
 
 from gpulab.devices import logical_devices, placement
 from gpulab.memory import MemoryMeter
-from gpulab.models import resnet
-from gpulab.parallel import PipelinedModel, batchnorm_to_groupnorm, split_model
+from gpulab.parallel import PipelinedModel, split_model
+
+from .models import _images, _model
 
 
 @pytest.fixture
 def devices():
     return logical_devices(2, ["cpu"])
-
-
-def _model(norm: str = "batch", seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    model = resnet(18, num_classes=5, width=4)
-    return (batchnorm_to_groupnorm(model, 2) if norm == "group" else model).double()
-
-
-def _images(n: int = 8, seed: int = 1) -> torch.Tensor:
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed), dtype=torch.double)
 
 
 @pytest.mark.parametrize("split_size", [1, 3, 4, 8, 100])  # 3 does not divide 8; 8 and 100: one micro-batch
