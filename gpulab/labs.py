@@ -40,5 +40,5 @@ LABS: tuple[Lab, ...] = (
     Lab("09_sharding", "sharded data parallelism", "bytes per rank, ZeRO-1 written from scratch, no_sync accumulation, FSDP2", 2,
         "2 and 4 gloo processes sharing {physical}"),
     Lab("10_search", "hyperparameter search", "grid, random, TPE and ASHA on Ray Tune; packing trials with fractional resources", 1,
-        "Ray trials on the CPU cores, packed per core instead of per GPU"),
+        "Ray trials on the cores of {physical}, packed per core instead of per GPU"),
 )
