@@ -11,8 +11,8 @@ The student writes ``pipelined_forward(stages, devices, x, split_size)``. Two th
   :class:`~gpulab.parallel.PipelinedModel` and the same micro-batches run sequentially, timed
   interleaved with one intra-op thread each. It passes at ``at_least`` (1.3x). Overlap needs a
   free second core, and on a machine where another program holds it no pipeline can reach 1.3x:
-  when the reference itself stays below ``at_least`` in the same measurement, and had fewer than
-  1.6 cores, the check says so and asks for at least ``0.85 x`` the reference's speedup instead.
+  when the reference had fewer than 1.6 cores in the same measurement, the check says so and
+  asks for at least ``0.85 x`` the reference's speedup instead.
   Up to ``attempts`` measurements are made before failing, since load comes and goes.
 
 Each call of the student's code runs in a helper thread with a time limit, so a pipeline whose
@@ -162,7 +162,10 @@ def check_overlap_speedup(pipelined_forward: PipelinedForward, split: SplitModel
             tried.append(res)
             if res.yours >= at_least:
                 return res
-            if res.reference < at_least and res.cores_reference < 1.6 and res.yours >= relative * res.reference:
+            # Fewer than 1.6 cores for the reference: this machine cannot show full overlap, so the
+            # fair bar is the reference's own speedup in the same measurement (even when that one
+            # scraped past at_least: a correct pipeline 0.94x of it must not fail on the noise).
+            if res.cores_reference < 1.6 and res.yours >= relative * res.reference:
                 res.against_reference = True
                 return res
     figures = "; ".join(f"yours {r.yours:.2f}x vs reference {r.reference:.2f}x ({r.cores_reference:.2f} cores)"

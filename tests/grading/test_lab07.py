@@ -95,3 +95,25 @@ def test_overlap_speedup_check_reports_sequential_code_with_its_figures(devices)
         check_overlap_speedup(_sequential, split, torch.randn(8, 2), 2, at_least=3.0, repeats=2, attempts=1)
     result = check_overlap_speedup(_reference, split, torch.randn(8, 2), 2, at_least=1.0, repeats=2, attempts=1)
     assert result.yours >= 1.0 and not result.against_reference and "overlap speedup" in str(result)
+
+
+def test_overlap_speedup_on_a_held_back_machine_is_judged_against_the_reference(devices, monkeypatch):
+    """Reference 1.37x on 1.45 cores, yours 1.29x: 0.94 of the reference passes (relative); 1.0x does not."""
+    from gpulab.grading import lab07
+    from gpulab.profiling.interleave import Timings
+
+    def fake(yours_s):
+        def timed(variants, repeats, warmup):
+            for run in variants.values():
+                run()
+            return Timings(wall={"sequential": [1.37], "yours": [1.37 / yours_s], "reference": [1.0]},
+                           cpu={"sequential": [1.37], "yours": [1.37 / yours_s * 1.45], "reference": [1.45]})
+        return timed
+
+    split = split_model(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), devices)
+    monkeypatch.setattr(lab07, "time_interleaved", fake(1.29))
+    result = check_overlap_speedup(_reference, split, torch.randn(8, 2), 2, attempts=1)
+    assert result.against_reference and result.yours == pytest.approx(1.29)
+    monkeypatch.setattr(lab07, "time_interleaved", fake(1.0))
+    with pytest.raises(GradingError, match="needs at least 1.30x"):
+        check_overlap_speedup(_sequential, split, torch.randn(8, 2), 2, attempts=1)
