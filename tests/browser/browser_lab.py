@@ -195,12 +195,12 @@ def _running_prompts(page) -> int:
 
 
 def test_start_page_lists_the_labs(lab: Lab, page) -> None:
-    from gpulab.labs import lab_ids
+    from gpulab.labs import LABS
 
     page.goto(lab.page_url(workspace="start"))  # as on the first visit: the work folder's top
     listing = page.locator(".jp-DirListing-content")
     listing.wait_for()
-    for lab_id in lab_ids():
+    for lab_id in (lab.id for lab in LABS):
         listing.locator(".jp-DirListing-itemText", has_text=lab_id).first.wait_for()
     _shot(page, "1-start-page")
 
