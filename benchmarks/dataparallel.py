@@ -94,11 +94,22 @@ def _replicate_cost(head: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dev
         del_me = replicate(head, devices)
         del del_me
     model = DataParallel(head, devices)
+    on_gpu = devices[0].physical.type == "cuda"
+
+    def sync() -> None:
+        if on_gpu:  # GPU work is asynchronous: wait for every device before reading the clock
+            for k in range(cuda_device_count()):
+                torch.cuda.synchronize(k)
+
+    def copy_only() -> None:
+        replicate(head, devices)
+        sync()
 
     def step() -> None:
         torch.nn.functional.cross_entropy(model(x), comm.to(y, devices[0])).backward()
+        sync()
         head.zero_grad(set_to_none=True)
-    t = time_interleaved({"replicate": lambda: replicate(head, devices), "step": step}, repeats=5)
+    t = time_interleaved({"replicate": copy_only, "step": step}, repeats=5)
     return {"bytes_per_device_mib": [round(meter.peak(d) / MiB, 2) for d in devices],
             "ms": {"replicate": round(t.median("replicate") * 1e3, 2), "step": round(t.median("step") * 1e3, 2)},
             "share_of_step": round(t.median("replicate") / t.median("step"), 4)}
