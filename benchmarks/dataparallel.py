@@ -11,7 +11,15 @@ language-model head, cross-entropy loss, 4 logical devices. Measured side by sid
   ``output_device=devices[1]`` (the load moves, the ratio stays);
 - ``imbalance_balanced``: the same with ``DataParallelModel`` + ``DataParallelCriterion`` (target <= 1.25);
 - ``max_batch_ratio``: the largest batch that fits a per-device ``MemoryMeter`` budget, balanced over
-  plain (target >= 1.5), each found by doubling and bisection on multiples of 4.
+  plain (target >= 1.5), each found by doubling and bisection on multiples of 4;
+- ``replicate``: what DataParallel pays every step and DDP does not: the bytes ``replicate`` copies to
+  each device, and its share of one DataParallel training step (interleaved, median of 5; a time on
+  whatever this machine is, so a ratio only);
+- ``batch_scaling``: lab 05's time to a target loss (``gpulab.parallel.dp.batch_scaling``): steps,
+  samples and seconds to a held-out loss of 0.5 at batches 64-4096 with the learning rate scaled
+  (linear scaling rule, 10 warmup steps), and ``steps_vs_perfect`` = the steps that perfect scaling
+  would need over the steps taken (1.0: a k times larger batch took k times fewer steps). Steps and
+  samples are deterministic (one thread, fixed seeds); seconds are this machine's.
 
 Memory figures are bytes of tensor storage counted per logical device by ``MemoryMeter``: exact and
 deterministic, the same on any machine. With 2 or more GPUs the script also times a training step
@@ -31,8 +39,11 @@ import torch
 import torch.nn.functional as F
 
 from gpulab.devices import cuda_device_count, logical_devices
-from gpulab.parallel import DataParallel, DataParallelCriterion, DataParallelModel
+from gpulab.memory import MemoryMeter
+from gpulab.parallel import DataParallel, DataParallelCriterion, DataParallelModel, comm, replicate
+from gpulab.parallel.dp.batch_scaling import ScalingTask, scaled_lr, time_to_target
 from gpulab.parallel.dp.step_memory import HeadWorkload, fits_in_budget, largest_batch, step_memory
+from gpulab.profiling.interleave import time_interleaved
 
 TARGETS = {"imbalance_dataparallel_min": 2.0, "imbalance_balanced_max": 1.25, "max_batch_ratio_min": 1.5}
 MiB = 2**20
@@ -77,6 +88,49 @@ def _step_times(work: HeadWorkload, repeats: int) -> dict:
     }
 
 
+def _replicate_cost(head: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, devices) -> dict:
+    """Bytes ``replicate`` puts on each device, and its share of a DataParallel training step."""
+    with MemoryMeter(devices=devices) as meter:
+        del_me = replicate(head, devices)
+        del del_me
+    model = DataParallel(head, devices)
+    on_gpu = devices[0].physical.type == "cuda"
+
+    def sync() -> None:
+        if on_gpu:  # GPU work is asynchronous: wait for every device before reading the clock
+            for k in range(cuda_device_count()):
+                torch.cuda.synchronize(k)
+
+    def copy_only() -> None:
+        replicate(head, devices)
+        sync()
+
+    def step() -> None:
+        torch.nn.functional.cross_entropy(model(x), comm.to(y, devices[0])).backward()
+        sync()
+        head.zero_grad(set_to_none=True)
+    t = time_interleaved({"replicate": copy_only, "step": step}, repeats=5)
+    return {"bytes_per_device_mib": [round(meter.peak(d) / MiB, 2) for d in devices],
+            "ms": {"replicate": round(t.median("replicate") * 1e3, 2), "step": round(t.median("step") * 1e3, 2)},
+            "share_of_step": round(t.median("replicate") / t.median("step"), 4)}
+
+
+def _batch_scaling(base_lr: float = 0.04, base_batch: int = 64, target: float = 0.5) -> dict:
+    """Lab 05's runs: steps / samples / seconds to ``target`` as the batch grows, the rate scaled."""
+    task = ScalingTask()
+    runs = {b: time_to_target(task, b, lambda s, b=b: scaled_lr(s, base_lr, base_batch, b, 10), target)
+            for b in (64, 256, 1024, 4096)}
+    base = runs[base_batch]
+    return {
+        "target": target, "base_lr": base_lr, "base_batch": base_batch,
+        "reached": {b: r.reached for b, r in runs.items()},
+        "steps": {b: r.steps for b, r in runs.items()},
+        "samples": {b: r.samples for b, r in runs.items()},
+        "seconds": {b: round(r.seconds, 3) for b, r in runs.items()},
+        "steps_vs_perfect": {b: round(base.steps * base_batch / b / r.steps, 3) for b, r in runs.items() if r.reached},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=HeadWorkload.batch_size)
@@ -104,6 +158,8 @@ def main() -> None:
     search_s = time.perf_counter() - t0
 
     ratio = max_balanced / max_plain if max_plain else float("inf")
+    replication = _replicate_cost(head, x, y, devices)
+    scaling = _batch_scaling()
     result = {
         "benchmark": "dataparallel",
         "mode": plain.mode(),
@@ -119,6 +175,8 @@ def main() -> None:
         "max_batch_balanced": max_balanced,
         "max_batch_ratio": round(ratio, 3),
         "search_s": round(search_s, 1),
+        "replicate": replication,
+        "batch_scaling": scaling,
         "targets": TARGETS,
         "ok": plain.imbalance >= TARGETS["imbalance_dataparallel_min"]
         and balanced.imbalance <= TARGETS["imbalance_balanced_max"] and ratio >= TARGETS["max_batch_ratio_min"],

@@ -13,5 +13,5 @@ __all__ = ["REFERENCES"]
 
 # gpulab's reference implementations of this lab's exercises: a test cell passes them to
 # grading.check_not_calling(..., forbidden=REFERENCES) so that a submission cannot call them.
-REFERENCES: tuple = (comm.scatter, comm.gather, scatter, scatter_kwargs, gather, parallel_apply, replicate, DataParallel,
+REFERENCES: tuple = (comm.scatter, comm.gather, comm.broadcast, scatter, scatter_kwargs, gather, parallel_apply, replicate, DataParallel,
               step_memory, fits_in_budget)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from gpulab.parallel.dp.balanced import DataParallelCriterion, DataParallelModel
+from gpulab.parallel.dp.batch_scaling import scaled_lr, time_to_target
 from gpulab.parallel.dp.step_memory import largest_batch
 
 __all__ = ["REFERENCES"]
 
 # gpulab's reference implementations of this lab's exercises: a test cell passes them to
 # grading.check_not_calling(..., forbidden=REFERENCES) so that a submission cannot call them.
-REFERENCES: tuple = (DataParallelCriterion, DataParallelModel, largest_batch)
+REFERENCES: tuple = (DataParallelCriterion, DataParallelModel, largest_batch, scaled_lr, time_to_target)

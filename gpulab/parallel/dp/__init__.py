@@ -3,7 +3,8 @@
 ``scatter_gather`` (split a batch, collect the outputs), ``replicate`` (a differentiable copy of
 the module per device), ``parallel_apply`` (one thread per replica), ``data_parallel`` (the four
 wired together), ``balanced`` (the loss computed on every device: DataParallelModel and
-DataParallelCriterion) and ``step_memory`` (the per-device memory of one training step).
+DataParallelCriterion), ``step_memory`` (the per-device memory of one training step) and
+``batch_scaling`` (what a bigger batch buys: time to a target loss, the learning rate scaled).
 """
 
 from gpulab.parallel.dp.balanced import DataParallelCriterion, DataParallelModel

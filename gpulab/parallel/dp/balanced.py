@@ -16,7 +16,8 @@ parallel too:
   where they are averaged. Backward sends each scalar's gradient back to its device.
 
 Every device then holds only its own piece, and the batch can grow until *each* device is full.
-The source posts report about a third less training time from the bigger batches this allows.
+Whether the bigger batch shortens training depends on the learning rate and on the task: see
+:mod:`gpulab.parallel.dp.batch_scaling`, which measures the time to a target loss.
 
 Two things differ from PyTorch-Encoding. Its criterion called ``loss_fn(*(output + targets))``,
 so a model had to ``return (x,)``, a one-element tuple, or fail with a confusing ``TypeError``;

@@ -72,6 +72,16 @@ def test_autocast_is_carried(devs) -> None:
     assert parallel_apply([torch.mm] * 2, [(a, a)] * 2, devs[:2])[0].dtype == torch.float32
 
 
+def test_the_callers_autocast_dtype_reaches_every_thread(devs) -> None:
+    """Not a fixed dtype: float16 under the caller's float16 autocast, with no_grad carried as well."""
+    def seen(_):
+        return torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_grad_enabled()
+
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        assert parallel_apply([seen] * 4, [(None,)] * 4, devs) == [(True, torch.float16, False)] * 4
+    assert parallel_apply([seen] * 4, [(None,)] * 4, devs)[0][0] is False
+
+
 def test_an_exception_names_the_replica_and_every_thread_finishes(devs) -> None:
     finished = []
 
