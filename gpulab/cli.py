@@ -3,7 +3,8 @@
 Commands are imported lazily, so ``doctor`` works even when an optional part is broken.
 
     python -m gpulab doctor [--json]     versions, devices, problems and their fixes
-    python -m gpulab profile             profile a bundled demo loop (lab 01)
+    python -m gpulab profile             profile a bundled demo loop (lab 01); --trace FILE also
+                                         writes its torch.profiler trace (open it in ui.perfetto.dev)
     python -m gpulab grade ...           autograde a class (same as `make grade`)
 """
 
@@ -15,7 +16,7 @@ import sys
 # command -> ("module", "function taking argv and returning an exit status", "one-line help")
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("gpulab.devices.doctor", "main", "report versions, devices, problems and fixes"),
-    "profile": ("gpulab.profiling.loop", "main", "profile a demo training loop and print the breakdown"),
+    "profile": ("gpulab.profiling.loop", "main", "profile a demo training loop and print the breakdown (--trace FILE: a Perfetto trace)"),
     "grade": ("gpulab.course.__main__", "grade_main", "autograde submissions and export grades.csv"),
 }
 

@@ -13,7 +13,7 @@ from gpulab import cli
 
 def test_doctor_json_through_the_command_line(capsys) -> None:
     assert cli.main(["doctor", "--json"]) == 0
-    assert set(json.loads(capsys.readouterr().out)) == {"mode", "facts", "problems", "labs"}
+    assert set(json.loads(capsys.readouterr().out)) == {"mode", "facts", "problems", "notes", "labs"}
 
 
 def test_every_command_is_dispatched_with_the_rest_of_the_arguments(monkeypatch) -> None:

@@ -5,9 +5,18 @@ The report is built in three steps, each testable on its own:
 1. :func:`probe` collects :class:`Facts` (versions, GPUs through NVML and torch, backends, CPU,
    RAM). It never raises: a probe that fails is recorded in ``facts.errors``.
 2. :func:`diagnose` turns facts into :class:`Problem`s, each with the fix spelled out: a CPU build
-   of torch on a GPU machine, a driver older than the CUDA build, cuDNN trouble, GPUs hidden by
-   ``CUDA_VISIBLE_DEVICES``.
+   of torch on a GPU machine, a driver of an older CUDA major version than the build, cuDNN
+   trouble, GPUs hidden by ``CUDA_VISIBLE_DEVICES``. :func:`compatibility_notes` adds what is
+   worth knowing but not wrong: a driver of the same major version but an older minor one.
 3. :func:`lab_modes` says, for every lab, whether it runs on real devices or on logical ones.
+
+The driver rule is NVIDIA's (the "CUDA Compatibility" guide, docs.nvidia.com/deploy/cuda-compatibility,
+section "Minor Version Compatibility"): from CUDA 11 on, a program built with any CUDA x.y toolkit
+runs on any driver of the same major family (12.x: driver >= 525; 13.x: >= 580; 11.x: >= 450),
+with a limited feature set: an API that needs a newer driver returns
+``cudaErrorCallRequiresNewerDriver``, and PTX built by the newer toolkit cannot be JIT-compiled by
+the older driver (``cudaErrorUnsupportedPtxVersion``). A driver of an older *major* version cannot
+run the build at all (short of the forward-compatibility package, on data-centre GPUs).
 
 ``--json`` prints the same report for machines. The exit status is 0 whenever a report was
 printed, including on a CPU-only machine.
@@ -25,11 +34,17 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab.devices.doctor_text import format_report
 from gpulab.devices.nvml import close_nvml, open_nvml
 from gpulab.devices.physical import cuda_device_count
 from gpulab.labs import LABS
 
+__all__ = ["Facts", "GpuInfo", "Problem", "probe", "diagnose", "compatibility_notes", "lab_modes", "report",
+           "format_report", "main"]
+
 CUDA_WHEEL_HINT = "pip install --force-reinstall torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+# The oldest driver of each CUDA major family (NVIDIA's CUDA Compatibility guide, Linux x86-64).
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580"}
 
 
 @dataclass
@@ -68,6 +83,8 @@ class Facts:
 
 @dataclass
 class Problem:
+    """A finding: what is wrong (or, from :func:`compatibility_notes`, worth knowing) and what to do."""
+
     code: str
     message: str
     fix: str
@@ -179,11 +196,14 @@ def diagnose(f: Facts) -> list[Problem]:
             f"install the CUDA build of the same version: {CUDA_WHEEL_HINT} (or: make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128)",
         ))
     build, drv = _version_tuple(f.torch_cuda_build), _version_tuple(f.driver_cuda_version)
-    if build and drv and drv < build and (drv[0] < build[0] or not f.cuda_available):
+    if build and drv and drv[0] < build[0]:  # another major family: minor-version compatibility does not reach
+        need = MIN_DRIVER.get(build[0])
         out.append(Problem(
             "driver-too-old",
-            f"torch was built for CUDA {f.torch_cuda_build} but the driver {f.driver_version} supports CUDA {f.driver_cuda_version} at most",
-            f"update the NVIDIA driver to one that supports CUDA {f.torch_cuda_build}, or install a torch build for CUDA {f.driver_cuda_version} or older",
+            f"torch was built for CUDA {f.torch_cuda_build} but the driver {f.driver_version} supports CUDA {f.driver_cuda_version} "
+            f"at most: a CUDA {build[0]}.x build needs a driver of the {build[0]}.x family",
+            f"update the NVIDIA driver to one for CUDA {build[0]}.x" + (f" ({need} or newer on Linux)" if need else "")
+            + f", or install a torch build for CUDA {drv[0]}.x",
         ))
     cvd = f.cuda_visible_devices
     if f.torch_cuda_build and hw_gpus and f.torch_gpu_count == 0 and cvd is not None:
@@ -207,6 +227,22 @@ def diagnose(f: Facts) -> list[Problem]:
             "CUDNN_STATUS_NOT_INITIALIZED or _ALLOC_FAILED often means the GPU is out of memory: check nvidia-smi",
         ))
     return out
+
+
+def compatibility_notes(f: Facts) -> list[Problem]:
+    """What is worth knowing but not wrong: a driver of the build's CUDA major version whose minor
+    version is older runs the build under minor-version compatibility, with its two exceptions."""
+    build, drv = _version_tuple(f.torch_cuda_build), _version_tuple(f.driver_cuda_version)
+    if not (build and drv and drv[0] == build[0] and drv < build):
+        return []
+    return [Problem(
+        "minor-version-compat",
+        f"torch was built for CUDA {f.torch_cuda_build} and the driver supports CUDA {f.driver_cuda_version}: the same "
+        f"major version, so the build runs under CUDA's minor-version compatibility",
+        "nothing to do unless you hit one of its limits: an API that needs a newer driver "
+        "(cudaErrorCallRequiresNewerDriver), or PTX from a newer toolkit that this driver cannot JIT-compile "
+        f"(cudaErrorUnsupportedPtxVersion); then update the driver to one for CUDA {f.torch_cuda_build} or newer",
+    )]
 
 
 def lab_modes(f: Facts) -> list[dict[str, Any]]:
@@ -236,48 +272,9 @@ def report(f: Facts | None = None) -> dict[str, Any]:
         "mode": summary_mode(f),
         "facts": dataclasses.asdict(f),
         "problems": [dataclasses.asdict(p) for p in diagnose(f)],
+        "notes": [dataclasses.asdict(n) for n in compatibility_notes(f)],
         "labs": lab_modes(f),
     }
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
-
-
-def format_report(rep: dict[str, Any]) -> str:
-    """The human-readable report."""
-    f = rep["facts"]
-    lines = ["gpulab doctor", "=" * 13]
-    lines.append(f"mode:        {rep['mode']}")
-    lines.append(f"python:      {f['python']} on {f['platform']}")
-    lines.append(f"torch:       {f['torch_version']} ({'CUDA ' + f['torch_cuda_build'] + ' build' if f['torch_cuda_build'] else 'CPU build'})")
-    lines.append(f"CUDA:        {'available' if f['cuda_available'] else 'not available'}; driver {f['driver_version'] or '-'}"
-                 f" (supports CUDA {f['driver_cuda_version'] or '-'}); NVML {f['nvml']}")
-    lines.append(f"cuDNN:       {f['cudnn_version'] or '-'}" + (f" (check: {f['cudnn_check']})" if f["cudnn_check"] else ""))
-    lines.append(f"backends:    nccl {'yes' if f['nccl_available'] else 'no'}, gloo {'yes' if f['gloo_available'] else 'no'}")
-    lines.append(f"CPU:         {f['cpu_count']} logical cores ({f['cpu_count_physical']} physical), RAM {_gib(f['ram_bytes'])}")
-    if f["cuda_visible_devices"] is not None:
-        lines.append(f"CUDA_VISIBLE_DEVICES={f['cuda_visible_devices']!r}")
-    if f["gpus"]:
-        for g in f["gpus"]:
-            lines.append(f"GPU {g['index']}:       {g['name']}, {_gib(g['memory_total_bytes'])}, compute capability {g['compute_capability']}")
-    else:
-        lines.append("GPUs:        none. This is a CPU-only machine: every lab runs here, multi-device parts on logical devices.")
-    lines.append("")
-    if rep["problems"]:
-        lines.append("Problems found:")
-        for p in rep["problems"]:
-            lines.append(f"  [{p['code']}] {p['message']}")
-            lines.append(f"      fix: {p['fix']}")
-    else:
-        lines.append("No problems found.")
-    if f["errors"]:
-        lines.append("Probes that failed (reported, not fatal): " + "; ".join(f["errors"]))
-    lines.append("")
-    lines.append("Labs on this machine:")
-    for row in rep["labs"]:
-        lines.append(f"  {row['lab']:<18} {row['mode']:<8} {row['where']}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

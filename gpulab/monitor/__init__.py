@@ -2,6 +2,7 @@
 
 - :mod:`~gpulab.monitor.utilization`: the monitor and its :class:`Sample`.
 - :mod:`~gpulab.monitor.nvml`: GPU readings through NVML (nvidia-ml-py), the library behind nvidia-smi.
+- :mod:`~gpulab.monitor.throttle`: temperature, power and SM clock over a run, NVML's throttle reasons decoded.
 - :mod:`~gpulab.monitor.procstat`: CPU per core and per process tree, through psutil.
 - :mod:`~gpulab.monitor.view`: the text, plot and live-widget views.
 """

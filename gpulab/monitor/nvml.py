@@ -1,17 +1,25 @@
-"""Read GPU utilisation, memory, temperature and power through NVML (nvidia-ml-py), or say why not.
+"""Read GPU utilisation, memory, temperature, power and clocks through NVML (nvidia-ml-py), or say why not.
 
 NVML is the library ``nvidia-smi`` prints from. :class:`NvmlReader` never raises: with no driver,
 no GPU, or a missing ``pynvml`` (see :func:`gpulab.devices.nvml.open_nvml`) it reads nothing and ``describe()`` says what happened, so the
 monitor keeps sampling the CPU.
+
+Besides utilisation, each sample reads what throttling looks like (NVML API reference, "Device
+Queries" and "NvmlClocksEventReasons"): the SM clock (``nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)``,
+MHz) and the bit mask of reasons the clocks are held down (``nvmlDeviceGetCurrentClocksEventReasons``;
+``...ThrottleReasons`` on drivers older than R535). Once, at start, it reads each GPU's limits: the
+enforced power limit, the maximum SM clock and the slowdown temperature
+(:class:`GpuLimits`). :mod:`gpulab.monitor.throttle` decodes and summarises them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gpulab.devices.nvml import close_nvml, open_nvml
 
-__all__ = ["GpuSample", "NvmlReader"]
+__all__ = ["GpuSample", "GpuLimits", "NvmlReader"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,9 @@ class GpuSample:
         mem_util: % of the period the memory controller was busy.
         mem_used, mem_total: bytes.
         temp: degrees Celsius. power: watts.
+        sm_clock: the SM clock in MHz.
+        clock_reasons: NVML's bit mask of why the clocks are below their maximum (0: none; decode it
+            with :func:`gpulab.monitor.throttle.decode_reasons`).
     """
 
     index: int
@@ -32,6 +43,32 @@ class GpuSample:
     mem_total: int | None
     temp: float | None
     power: float | None
+    sm_clock: float | None = None
+    clock_reasons: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    """One GPU's limits, read once: None where the GPU or driver does not report them.
+
+    Attributes:
+        power_limit: the enforced power limit in watts (the SW power cap acts at it).
+        max_sm_clock: the highest SM clock in MHz.
+        slowdown_temp: the temperature (°C) at which the GPU slows its clocks down (HW slowdown).
+    """
+
+    index: int
+    power_limit: float | None = None
+    max_sm_clock: float | None = None
+    slowdown_temp: float | None = None
+
+
+def _read(nv: Any, name: str, *args: Any) -> Any:
+    """``nv.<name>(*args)``, or None where NVML says the reading is not supported (or the binding lacks it)."""
+    try:
+        return getattr(nv, name)(*args)
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: no reading, not a failure
+        return None
 
 
 class NvmlReader:
@@ -39,6 +76,7 @@ class NvmlReader:
 
     def __init__(self) -> None:
         self.names: list[str] = []
+        self.limits: list[GpuLimits] = []
         self.error: str | None = None
         self._handles: list = []
         self._nvml = None
@@ -54,8 +92,25 @@ class NvmlReader:
                 name = pynvml.nvmlDeviceGetName(h)
                 self._handles.append(h)
                 self.names.append(name.decode() if isinstance(name, bytes) else str(name))
+                self.limits.append(self._limits(i, h))
         except Exception as err:  # noqa: BLE001
             self.error = f"NVML started but listing GPUs failed ({err})"
+
+    def _limits(self, index: int, h: Any) -> GpuLimits:
+        nv = self._nvml
+        power_mw = _read(nv, "nvmlDeviceGetEnforcedPowerLimit", h)
+        clock = _read(nv, "nvmlDeviceGetMaxClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))
+        slowdown = _read(nv, "nvmlDeviceGetTemperatureThreshold", h, getattr(nv, "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1))
+        return GpuLimits(index, None if power_mw is None else power_mw / 1000.0,
+                         None if clock is None else float(clock), None if slowdown is None else float(slowdown))
+
+    def _clock_reasons(self, h: Any) -> int | None:
+        nv = self._nvml
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            mask = _read(nv, name, h)  # the first is R535's name for the second
+            if mask is not None:
+                return int(mask)
+        return None
 
     @property
     def ok(self) -> bool:
@@ -94,7 +149,9 @@ class NvmlReader:
                 power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0  # milliwatts
             except Exception:  # noqa: BLE001
                 pass
-            out.append(GpuSample(i, util, mem_util, used, total, temp, power))
+            clock = _read(nv, "nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))
+            out.append(GpuSample(i, util, mem_util, used, total, temp, power,
+                                 None if clock is None else float(clock), self._clock_reasons(h)))
         return tuple(out)
 
     def close(self) -> None:

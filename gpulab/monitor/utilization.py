@@ -11,7 +11,8 @@ compared and graded::
     a = mon.arrays()                                # numpy: a["t"], a["cpu"] (N, cores), a["gpu_util"] ...
 
 Per GPU, through NVML (nvidia-ml-py, the library behind nvidia-smi): utilisation %, memory
-used/total, temperature and power. Per CPU core, and for this process plus its children
+used/total, temperature, power, the SM clock and the reasons it is held down (throttling; see
+:mod:`gpulab.monitor.throttle`), plus each GPU's limits in ``gpu_limits``. Per CPU core, and for this process plus its children
 (DataLoader workers), through psutil. ``accelerators=`` adds simulated accelerators
 (:mod:`gpulab.accel.clock`) as extra "GPUs", labelled simulated.
 
@@ -100,6 +101,7 @@ class UtilizationMonitor:
         self._proc = psutil.Process(os.getpid())
         self._nvml: NvmlReader | None = None
         self.errors: list[str] = []
+        self.gpu_limits: list = []  # one GpuLimits per NVML GPU (power limit, max SM clock, slowdown temperature)
         self.t0 = 0.0
         self.status = "not started"
 
@@ -114,6 +116,7 @@ class UtilizationMonitor:
         if self.running:
             raise RuntimeError("this monitor is already running; call stop() first or use a new one")
         self._nvml = NvmlReader() if self._use_nvml else None
+        self.gpu_limits = list(self._nvml.limits) if self._nvml else []
         gpus = self._nvml.describe() if self._nvml else "NVML not used (nvml=False)"
         sims = f"; {len(self.accelerators)} simulated accelerator(s)" if self.accelerators else ""
         self.status = f"{gpus}; {psutil.cpu_count()} CPU cores via psutil{sims}"
@@ -225,8 +228,9 @@ class UtilizationMonitor:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The samples as arrays: ``t`` (N,), ``cpu`` (N, cores), ``process`` (N,), ``rss`` (N,),
-        ``gpu_util``, ``gpu_mem_used``, ``gpu_mem_total``, ``gpu_temp``, ``gpu_power`` (N, G; NaN
-        where NVML has no reading), ``sim_util`` (N, S). G and S may be 0."""
+        ``gpu_util``, ``gpu_mem_used``, ``gpu_mem_total``, ``gpu_temp``, ``gpu_power``,
+        ``gpu_sm_clock``, ``gpu_clock_reasons`` (N, G; NaN where NVML has no reading; the reasons
+        are bit masks, exact as floats), ``sim_util`` (N, S). G and S may be 0."""
         s = self.samples
         n, g = len(s), len(s[0].gpus) if s else 0
         out = {
@@ -236,7 +240,7 @@ class UtilizationMonitor:
             "rss": np.array([x.rss for x in s], dtype=float),
             "sim_util": np.array([x.sim for x in s], dtype=float).reshape(n, len(self.accelerators)),
         }
-        for key in ("util", "mem_used", "mem_total", "temp", "power"):
+        for key in ("util", "mem_used", "mem_total", "temp", "power", "sm_clock", "clock_reasons"):
             vals = [[np.nan if getattr(gs, key) is None else getattr(gs, key) for gs in x.gpus] for x in s]
             out[f"gpu_{key}"] = np.array(vals, dtype=float).reshape(n, g)
         return out

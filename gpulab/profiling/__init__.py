@@ -5,9 +5,12 @@
   draws it.
 - :mod:`~gpulab.profiling.bottleneck`: the verdicts (data-, copy-, sync- or compute-bound).
 - :mod:`~gpulab.profiling.workloads`: the demo loop the command line profiles.
+- :mod:`~gpulab.profiling.torch_trace`: :class:`TorchTrace`, the same loop recorded by torch.profiler
+  (``profile_loop(..., trace=TorchTrace("loop.json"))``), and readers of its ``key_averages()``.
 """
 
 from gpulab.profiling.loop import profile_loop
 from gpulab.profiling.result import LoopProfile
+from gpulab.profiling.torch_trace import TorchTrace
 
-__all__ = ["profile_loop", "LoopProfile"]
+__all__ = ["profile_loop", "LoopProfile", "TorchTrace"]

@@ -19,6 +19,12 @@ How the step function relates to the device (the contract students rely on):
    bookkeeping (CPU-only machines), or from the host clock (``device="cpu"``: the host *is* the
    device, nothing overlaps).
 
+Every phase is also a ``torch.profiler.record_function`` range (``gpulab/data_wait``, ``gpulab/copy``,
+``gpulab/compute``), so a torch.profiler trace of the loop shows them; ``trace=`` records one (see
+:mod:`gpulab.profiling.torch_trace`)::
+
+    python -m gpulab profile --trace loop.json    # then open loop.json in https://ui.perfetto.dev
+
 The host phases are shares of the wall time (they sum to at most 1); ``busy_fraction`` is the
 device's share. A data-bound loop shows a large ``data`` share with an idle device; a sync-bound
 loop a large ``sync`` share; a compute-bound loop a busy device. The sentence in ``verdict`` is
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from time import perf_counter
 from typing import Any, Callable, Iterable
@@ -39,6 +46,7 @@ from tqdm.auto import tqdm
 from gpulab.accel import Accelerator, StepMarks, as_accelerator
 from gpulab.devices.batches import tree_tensors
 from gpulab.profiling.result import LoopProfile
+from gpulab.profiling.torch_trace import COMPUTE, COPY, DATA_WAIT, NoTrace, TorchTrace, label
 from gpulab.profiling.workloads import demo_loader, demo_step
 
 __all__ = ["profile_loop", "LoopProfile", "main"]
@@ -84,9 +92,10 @@ def profile_loop(
     *,
     epochs: int = 1,
     non_blocking: bool = False,
-    warmup_steps: int = 0,
+    warmup_steps: int | None = None,
     disable: bool = False,
     desc: str = "profile_loop",
+    trace: TorchTrace | str | os.PathLike | None = None,
 ) -> LoopProfile:
     """Run ``step_fn`` on ``num_steps`` batches per epoch and split every step into phases.
 
@@ -102,14 +111,23 @@ def profile_loop(
         non_blocking: passed to the host-to-device copy (it only overlaps from pinned memory).
         warmup_steps: leading steps left out of the figures; the device is drained after them, so
             the window starts with an empty queue (a host that ran ahead leaves no backlog in it).
+            Default: 0, or the trace's ``skip`` (``wait + warmup``) when ``trace`` is given, so
+            both instruments measure the same steps when ``num_steps * epochs`` equals
+            ``trace.steps_needed``.
         disable: turn the progress bar off.
         desc: the progress bar's label.
+        trace: also record the loop with torch.profiler: a :class:`~gpulab.profiling.torch_trace.TorchTrace`
+            (read it afterwards: ``trace.key_averages()``), or a file path for a trace with the
+            default schedule (wait 1, warmup 1, active 3). CUDA activities are recorded on a GPU.
 
     Returns:
         A :class:`LoopProfile`.
 
     Raises:
-        ValueError: for a bad ``num_steps``/``epochs``, or a loader that runs out early.
+        ValueError: for a bad ``num_steps``/``epochs``, a loader that runs out early, or a trace
+            whose schedule needs more steps than the loop runs.
+        FileNotFoundError, PermissionError: the trace's folder is missing or not writable (checked
+            before the loop starts).
         Exception: whatever ``step_fn`` or the loader raised, with a note giving the step number.
     """
     accel = as_accelerator(device)
@@ -117,7 +135,14 @@ def profile_loop(
     if not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
     total = num_steps * epochs
-    if not 0 <= warmup_steps < total:
+    tracer = NoTrace() if trace is None else trace if isinstance(trace, TorchTrace) else TorchTrace(trace)
+    if tracer.steps_needed > total:
+        raise ValueError(f"the trace's schedule needs {tracer.steps_needed} steps (wait {tracer.wait} + warmup "
+                         f"{tracer.warmup} + active {tracer.active}) but the loop runs {total}; "
+                         f"pass num_steps>={tracer.steps_needed} or a smaller active=")
+    if warmup_steps is None:
+        warmup_steps = tracer.skip
+    if not isinstance(warmup_steps, int) or not 0 <= warmup_steps < total:
         raise ValueError(f"warmup_steps must be in [0, {total}), got {warmup_steps!r}")
 
     steps: list[StepMarks] = []
@@ -125,41 +150,50 @@ def profile_loop(
     accel.begin()
     bar = tqdm(total=total, desc=desc, disable=disable, leave=False)
     try:
-        for epoch in range(epochs):
-            it = iter(loader)
-            for i in range(num_steps):
-                step = epoch * num_steps + i
-                requested = perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    raise ValueError(f"the loader stopped after {i} batches but num_steps={num_steps}; "
-                                     f"pass num_steps<={i}") from None
-                except Exception as err:
-                    err.add_note(f"profile_loop: the loader raised while fetching batch {i} (step {step}, epoch {epoch})")
-                    raise
-                received = perf_counter()
-                copy_start = accel.record()
-                batch = accel.copy(batch, non_blocking=non_blocking)
-                copy_end = accel.record()
-                copied = perf_counter()
-                waited_before = accel.waited()
-                try:
-                    step_fn(batch)
-                except Exception as err:
-                    err.add_note(f"profile_loop: step_fn raised at step {step} (epoch {epoch}, batch {i})")
-                    raise
-                step_end = accel.record()
-                returned = perf_counter()
-                steps.append(StepMarks(requested, received, copied, returned, waited_before, accel.waited(),
-                                       copy_start, copy_end, step_end))
-                if step + 1 == warmup_steps:
-                    accel.synchronize()  # the window starts with an empty queue, not the warm-up's backlog
-                if batch_size is None:
-                    batch_size = _batch_size(batch)
-                bar.update(1)
-        accel.synchronize()
-        t_end = perf_counter()
+        with tracer.session(accel.kind) as session:  # torch.profiler, or nothing
+            for epoch in range(epochs):
+                it = iter(loader)
+                for i in range(num_steps):
+                    step = epoch * num_steps + i
+                    requested = perf_counter()
+                    try:
+                        with label(DATA_WAIT):
+                            batch = next(it)
+                    except StopIteration:
+                        raise ValueError(f"the loader stopped after {i} batches but num_steps={num_steps}; "
+                                         f"pass num_steps<={i}") from None
+                    except Exception as err:
+                        err.add_note(f"profile_loop: the loader raised while fetching batch {i} (step {step}, epoch {epoch})")
+                        raise
+                    received = perf_counter()
+                    with label(COPY):
+                        copy_start = accel.record()
+                        batch = accel.copy(batch, non_blocking=non_blocking)
+                        copy_end = accel.record()
+                    copied = perf_counter()
+                    waited_before = accel.waited()
+                    try:
+                        with label(COMPUTE):
+                            step_fn(batch)
+                    except Exception as err:
+                        err.add_note(f"profile_loop: step_fn raised at step {step} (epoch {epoch}, batch {i})")
+                        raise
+                    step_end = accel.record()
+                    returned = perf_counter()
+                    steps.append(StepMarks(requested, received, copied, returned, waited_before, accel.waited(),
+                                           copy_start, copy_end, step_end))
+                    if step + 1 == warmup_steps:
+                        accel.synchronize()  # the window starts with an empty queue, not the warm-up's backlog
+                    if batch_size is None:
+                        batch_size = _batch_size(batch)
+                    if step + 1 < total:
+                        session.step()  # the profiler's schedule counts steps here (ProfilerStep#<step>)
+                    bar.update(1)
+            accel.synchronize()
+            t_end = perf_counter()
+            # the last step's end, after the window closed: when the trace's active steps end here,
+            # stopping the profiler and writing the file stay out of profile_loop's figures
+            session.step()
     finally:
         bar.close()
     return _build(steps[warmup_steps:], t_end, accel, loader, batch_size, epochs)
@@ -199,18 +233,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="auto | sim | cpu | cuda | cuda:i")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--plot", metavar="PNG", help="save the timeline plot to this file")
+    p.add_argument("--trace", metavar="FILE", help="also record the loop with torch.profiler and write a Chrome/Perfetto "
+                                                   "trace (JSON) of every step after the first two to FILE")
     args = p.parse_args(argv)
 
+    trace = None
+    if args.trace:
+        if args.steps < 3:
+            p.error(f"--trace needs --steps >= 3 (1 skipped, 1 warm-up, then the recorded ones), got {args.steps}")
+        try:  # checked before the loop runs: a bad path costs nothing
+            trace = TorchTrace(args.trace, wait=1, warmup=1, active=args.steps - 2)
+        except OSError as err:
+            print(f"python -m gpulab profile: {err}", file=sys.stderr)
+            return 2
     accel = as_accelerator(args.device)
     loader = demo_loader(num_batches=args.steps, batch_size=args.batch_size, sample_cost_s=args.sample_ms / 1e3,
                          num_workers=args.workers)
     step_fn = demo_step(accel, compute_s=args.compute_ms / 1e3, sync=args.sync)
     # a bar only where someone watches: redirected to a file, its \r redraws garble the output
     quiet = args.json or not sys.stderr.isatty()
-    prof = profile_loop(loader, step_fn, accel, args.steps, disable=quiet)
+    prof = profile_loop(loader, step_fn, accel, args.steps, disable=quiet, trace=trace)
     print(json.dumps(prof.to_dict()) if args.json else prof.summary())
     if args.plot:
         prof.plot().savefig(args.plot, dpi=100)
         if not args.json:
             print(f"plot saved to {args.plot}")
+    if trace is not None and not args.json:
+        device = ("CUDA kernels on the GPU's own rows" if trace.cuda else
+                  "host rows only: the simulated device's work is a clock, not kernels" if accel.kind == "simulated"
+                  else "host rows only")
+        print(f"torch.profiler trace of steps {trace.skip}-{trace.steps_needed - 1} written to {trace.written} "
+              f"({device}); open it in https://ui.perfetto.dev or chrome://tracing")
     return 0

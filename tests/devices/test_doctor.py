@@ -54,23 +54,42 @@ def test_cpu_build_with_nvidia_smi_but_no_nvml() -> None:
     assert codes(Facts(torch_cuda_build=None, nvml="missing", nvidia_smi=True)) == ["cpu-build-on-gpu-machine"]
 
 
-def test_driver_older_than_build() -> None:
+def notes(f: Facts) -> list[str]:
+    return [n.code for n in doctor.compatibility_notes(f)]
+
+
+def test_a_driver_of_an_older_major_version_is_too_old() -> None:
     f = Facts(torch_cuda_build="12.8", cuda_available=False, nvml="ok", gpus=[A100],
               driver_version="470.82", driver_cuda_version="11.4")
-    assert codes(f) == ["driver-too-old"]
-    assert "12.8" in doctor.diagnose(f)[0].fix
+    assert codes(f) == ["driver-too-old"] and notes(f) == []
+    [p] = doctor.diagnose(f)
+    assert "12.x family" in p.message and "525.60.13" in p.fix and "CUDA 11.x" in p.fix
 
 
-def test_minor_version_behind_but_working_is_not_a_problem() -> None:
+@pytest.mark.parametrize("driver, cuda_available", [("12.4", True), ("12.0", True), ("12.4", False)])
+def test_an_older_minor_version_is_a_note_not_a_problem(driver, cuda_available) -> None:
+    """NVIDIA's minor-version compatibility: a 12.8 build runs on any 12.x driver, with two limits."""
+    f = Facts(torch_cuda_build="12.8", cuda_available=cuda_available, torch_gpu_count=int(cuda_available), nvml="ok",
+              gpus=[A100], driver_version="550.54", driver_cuda_version=driver, cudnn_version=91000,
+              cudnn_check="ok" if cuda_available else None)
+    assert "driver-too-old" not in codes(f)
+    assert codes(f) == ([] if cuda_available else ["cuda-unavailable"])  # if CUDA fails, the driver's minor is not why
+    assert notes(f) == ["minor-version-compat"]
+    [n] = doctor.compatibility_notes(f)
+    assert "cudaErrorUnsupportedPtxVersion" in n.fix and "cudaErrorCallRequiresNewerDriver" in n.fix
+
+
+def test_a_newer_major_driver_runs_an_older_build_without_a_note() -> None:
     f = Facts(torch_cuda_build="12.8", cuda_available=True, torch_gpu_count=1, nvml="ok", gpus=[A100],
-              driver_cuda_version="12.4", cudnn_version=91000, cudnn_check="ok")
-    assert codes(f) == []
+              driver_cuda_version="13.0", cudnn_version=91000, cudnn_check="ok")
+    assert codes(f) == [] and notes(f) == []
+    assert codes(Facts(torch_cuda_build="13.0", nvml="ok", gpus=[A100], driver_cuda_version="12.9")) == ["driver-too-old"]
 
 
 def test_versions_compare_as_numbers() -> None:
     f = Facts(torch_cuda_build="12.8", cuda_available=True, torch_gpu_count=1, nvml="ok", gpus=[A100],
               driver_cuda_version="12.10", cudnn_version=91000, cudnn_check="ok")
-    assert codes(f) == []
+    assert codes(f) == [] and notes(f) == []
 
 
 def test_gpus_hidden_by_cuda_visible_devices() -> None:
@@ -130,10 +149,10 @@ def test_probe_of_this_machine_matches_torch() -> None:
 def test_cli_json_and_exit_status(capsys) -> None:
     assert doctor.main(["--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert set(rep) == {"mode", "facts", "problems", "labs"}
+    assert set(rep) == {"mode", "facts", "problems", "notes", "labs"}
     assert set(rep["facts"]) == FACT_KEYS
     assert rep["facts"]["torch_version"] == torch.__version__ and rep["facts"]["torch_cuda_build"] == torch.version.cuda
-    assert all(set(p) == {"code", "message", "fix"} for p in rep["problems"])
+    assert all(set(p) == {"code", "message", "fix"} for p in rep["problems"] + rep["notes"])
     assert [row["lab"] for row in rep["labs"]] == [lab.id for lab in LABS]
     assert doctor.main([]) == 0
     assert "gpulab doctor" in capsys.readouterr().out
@@ -212,10 +231,12 @@ def test_the_json_report_of_a_known_machine(server, capsys) -> None:
     assert doctor.main(["--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["mode"] == "cpu-only"  # GPUs in the box, but torch cannot use them
-    assert [p["code"] for p in rep["problems"]] == ["driver-too-old"]
-    [p] = rep["problems"]
-    assert p["message"] == "torch was built for CUDA 12.8 but the driver 550.54.15 supports CUDA 12.4 at most"
-    assert "update the NVIDIA driver" in p["fix"] and "CUDA 12.8" in p["fix"]
+    # a 12.4 driver runs a 12.8 build (minor-version compatibility): CUDA failing has another cause
+    assert [p["code"] for p in rep["problems"]] == ["cuda-unavailable"]
+    [n] = rep["notes"]
+    assert n["code"] == "minor-version-compat"
+    assert n["message"] == ("torch was built for CUDA 12.8 and the driver supports CUDA 12.4: the same major version, "
+                            "so the build runs under CUDA's minor-version compatibility")
     rows = {row["lab"]: row for row in rep["labs"]}
     assert list(rows) == [lab.id for lab in LABS]
     assert all(set(row) == {"lab", "needs_gpus", "mode", "where"} for row in rows.values())
@@ -238,7 +259,9 @@ def test_the_printed_report_of_a_known_machine(server, capsys) -> None:
         "CPU:         16 logical cores (8 physical), RAM 64.0 GiB",
         "GPU 0:       NVIDIA A100-SXM4-80GB, 80.0 GiB, compute capability 8.0",
         "GPU 1:       NVIDIA A100-SXM4-80GB, 80.0 GiB, compute capability 8.0",
-        "  [driver-too-old] torch was built for CUDA 12.8 but the driver 550.54.15 supports CUDA 12.4 at most",
+        "  [cuda-unavailable] torch is a CUDA build and GPUs are present, yet torch.cuda.is_available() is False",
+        "  note [minor-version-compat] torch was built for CUDA 12.8 and the driver supports CUDA 12.4: the same major "
+        "version, so the build runs under CUDA's minor-version compatibility",
         "Labs on this machine:",
     ):
         assert line in text.splitlines(), f"missing line {line!r} in:\n{text}"
@@ -250,7 +273,19 @@ def test_a_recent_driver_with_invisible_gpus_names_the_cause(server, visible, co
     server(driver_cuda=12080, visible=visible)
     rep = doctor.report(doctor.probe())
     assert rep["facts"]["driver_cuda_version"] == "12.8" and rep["facts"]["cuda_visible_devices"] == visible
-    assert [p["code"] for p in rep["problems"]] == [code]
+    assert [p["code"] for p in rep["problems"]] == [code] and rep["notes"] == []
+
+
+def test_a_driver_of_an_older_major_version_in_the_json_report(server, capsys) -> None:
+    server(driver_cuda=11040)
+    assert doctor.main(["--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert [p["code"] for p in rep["problems"]] == ["driver-too-old"] and rep["notes"] == []
+    [p] = rep["problems"]
+    assert p["message"] == ("torch was built for CUDA 12.8 but the driver 550.54.15 supports CUDA 11.4 at most: "
+                            "a CUDA 12.x build needs a driver of the 12.x family")
+    assert p["fix"] == ("update the NVIDIA driver to one for CUDA 12.x (525.60.13 or newer on Linux), "
+                        "or install a torch build for CUDA 11.x")
 
 
 @pytest.mark.parametrize("error, nvml", [
