@@ -155,33 +155,8 @@ def profile_loop(
                 it = iter(loader)
                 for i in range(num_steps):
                     step = epoch * num_steps + i
-                    requested = perf_counter()
-                    try:
-                        with label(DATA_WAIT):
-                            batch = next(it)
-                    except StopIteration:
-                        raise ValueError(f"the loader stopped after {i} batches but num_steps={num_steps}; "
-                                         f"pass num_steps<={i}") from None
-                    except Exception as err:
-                        err.add_note(f"profile_loop: the loader raised while fetching batch {i} (step {step}, epoch {epoch})")
-                        raise
-                    received = perf_counter()
-                    with label(COPY):
-                        copy_start = accel.record()
-                        batch = accel.copy(batch, non_blocking=non_blocking)
-                        copy_end = accel.record()
-                    copied = perf_counter()
-                    waited_before = accel.waited()
-                    try:
-                        with label(COMPUTE):
-                            step_fn(batch)
-                    except Exception as err:
-                        err.add_note(f"profile_loop: step_fn raised at step {step} (epoch {epoch}, batch {i})")
-                        raise
-                    step_end = accel.record()
-                    returned = perf_counter()
-                    steps.append(StepMarks(requested, received, copied, returned, waited_before, accel.waited(),
-                                           copy_start, copy_end, step_end))
+                    marks, batch = _one_step(it, step_fn, accel, non_blocking, step, epoch, i, num_steps)
+                    steps.append(marks)
                     if step + 1 == warmup_steps:
                         accel.synchronize()  # the window starts with an empty queue, not the warm-up's backlog
                     if batch_size is None:
@@ -197,6 +172,38 @@ def profile_loop(
     finally:
         bar.close()
     return _build(steps[warmup_steps:], t_end, accel, loader, batch_size, epochs)
+
+
+def _one_step(it: Any, step_fn: Callable[[Any], Any], accel: Accelerator, non_blocking: bool,
+              step: int, epoch: int, i: int, num_steps: int) -> tuple[StepMarks, Any]:
+    """One step's three phases (data wait, copy, compute), each a torch.profiler range, and its marks."""
+    requested = perf_counter()
+    try:
+        with label(DATA_WAIT):
+            batch = next(it)
+    except StopIteration:
+        raise ValueError(f"the loader stopped after {i} batches but num_steps={num_steps}; "
+                         f"pass num_steps<={i}") from None
+    except Exception as err:
+        err.add_note(f"profile_loop: the loader raised while fetching batch {i} (step {step}, epoch {epoch})")
+        raise
+    received = perf_counter()
+    with label(COPY):
+        copy_start = accel.record()
+        batch = accel.copy(batch, non_blocking=non_blocking)
+        copy_end = accel.record()
+    copied = perf_counter()
+    waited_before = accel.waited()
+    try:
+        with label(COMPUTE):
+            step_fn(batch)
+    except Exception as err:
+        err.add_note(f"profile_loop: step_fn raised at step {step} (epoch {epoch}, batch {i})")
+        raise
+    step_end = accel.record()
+    returned = perf_counter()
+    return StepMarks(requested, received, copied, returned, waited_before, accel.waited(),
+                     copy_start, copy_end, step_end), batch
 
 
 def _build(steps: list[StepMarks], t_end: float, accel: Accelerator, loader: Any, batch_size: int | None,
