@@ -18,6 +18,14 @@ Lab 08's tools for out-of-memory errors:
 - :func:`summary` (:mod:`~gpulab.memory.summary`): per-layer shapes, parameters, activation bytes.
 - :mod:`~gpulab.memory.savings` (bf16 autocast, checkpointing, :func:`peak_memory`) and
   :mod:`~gpulab.memory.loops` (loops that keep memory flat): the lab's references.
+
+PyTorch's own tools beside them, reading the same runs:
+
+- :mod:`~gpulab.memory.profiled` (:class:`~gpulab.memory.profiled.MemoryProfile`): ``torch.profiler``
+  with ``profile_memory=True``, one range per step: net bytes per step, the op table, a snapshot.
+- :mod:`~gpulab.memory.snapshot`: the CUDA memory snapshot (``_record_memory_history``,
+  ``_dump_snapshot``, pytorch.org/memory_viz) recorded and read: live blocks by the frames that
+  allocated them, and the sites that grew between two snapshots.
 """
 
 from gpulab.memory.meter import MemoryMeter
