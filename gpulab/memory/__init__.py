@@ -11,8 +11,9 @@ Lab 08's tools for out-of-memory errors:
 
 - :func:`memory_report` (:mod:`~gpulab.memory.cuda_report`): the CUDA allocator's statistics on a
   GPU, a meter's otherwise.
-- :class:`LeakFinder` (:mod:`~gpulab.memory.leaks`, :mod:`~gpulab.memory.origins`, :mod:`~gpulab.memory.trend`): live memory
-  per step, a leak verdict, and the surviving tensors with the line that made them.
+- :class:`LeakFinder` (:mod:`~gpulab.memory.leaks`, :mod:`~gpulab.memory.origins`, :mod:`~gpulab.memory.trend`,
+  :mod:`~gpulab.memory.leak_report`): live memory per step, a leak verdict, and the surviving
+  tensors with the line that made them.
 - :func:`find_max_batch_size` (:mod:`~gpulab.memory.batch_size`): binary search under a budget.
 - :func:`oom_retry` (:mod:`~gpulab.memory.retry`): a step that splits the batch on out-of-memory.
 - :func:`summary` (:mod:`~gpulab.memory.summary`): per-layer shapes, parameters, activation bytes.
