@@ -3,9 +3,10 @@
     python benchmarks/memory.py                     # on gpulab.devices.default_device()
     python benchmarks/memory.py --device cpu --repeats 3
 
-Two workloads, the ones lab 08 grades (``gpulab.memory.savings.lab_workloads``): a small CNN (three conv blocks; checkpointing
-keeps the inputs of the first two) and a stack of four pre-norm TransformerEncoderLayers with a
-per-token classifier (checkpointing keeps the input of each of the first three layers). Each
+Two workloads, the ones lab 08 grades (``gpulab.memory.savings.lab_workloads``): a small CNN (three conv blocks and
+a head; checkpointing keeps the input of each conv block) and a stack of four pre-norm
+TransformerEncoderLayers with a per-token classifier (checkpointing keeps the input of each
+layer; the last block, the head or the classifier, runs plainly). Each
 variant runs one forward + backward from zeroed gradients; its peak is the bytes of tensor
 storage above the model's parameters, counted by a MemoryMeter (the activations saved for
 backward, the gradients, the temporaries). Memory figures are exact and deterministic; the

@@ -11,13 +11,22 @@ Lab 08's tools for out-of-memory errors:
 
 - :func:`memory_report` (:mod:`~gpulab.memory.cuda_report`): the CUDA allocator's statistics on a
   GPU, a meter's otherwise.
-- :class:`LeakFinder` (:mod:`~gpulab.memory.leaks`, :mod:`~gpulab.memory.origins`, :mod:`~gpulab.memory.trend`): live memory
-  per step, a leak verdict, and the surviving tensors with the line that made them.
+- :class:`LeakFinder` (:mod:`~gpulab.memory.leaks`, :mod:`~gpulab.memory.origins`, :mod:`~gpulab.memory.trend`,
+  :mod:`~gpulab.memory.leak_report`): live memory per step, a leak verdict, and the surviving
+  tensors with the line that made them.
 - :func:`find_max_batch_size` (:mod:`~gpulab.memory.batch_size`): binary search under a budget.
 - :func:`oom_retry` (:mod:`~gpulab.memory.retry`): a step that splits the batch on out-of-memory.
 - :func:`summary` (:mod:`~gpulab.memory.summary`): per-layer shapes, parameters, activation bytes.
 - :mod:`~gpulab.memory.savings` (bf16 autocast, checkpointing, :func:`peak_memory`) and
   :mod:`~gpulab.memory.loops` (loops that keep memory flat): the lab's references.
+
+PyTorch's own tools beside them, reading the same runs:
+
+- :mod:`~gpulab.memory.profiled` (:class:`~gpulab.memory.profiled.MemoryProfile`): ``torch.profiler``
+  with ``profile_memory=True``, one range per step: net bytes per step, the op table, a snapshot.
+- :mod:`~gpulab.memory.snapshot`: the CUDA memory snapshot (``_record_memory_history``,
+  ``_dump_snapshot``, pytorch.org/memory_viz) recorded and read: live blocks by the frames that
+  allocated them, and the sites that grew between two snapshots.
 """
 
 from gpulab.memory.meter import MemoryMeter

@@ -6,8 +6,9 @@ The leaks they avoid (lab 08 reproduces each one under a memory budget):
   without ``no_grad`` that graph holds every batch's saved activations, so memory grows by a
   whole forward pass per batch. (In a training loop ``backward`` has already freed the saved
   tensors, so only autograd's bookkeeping is kept, unless ``retain_graph=True`` keeps them too.)
-  Keep a number: ``loss.item()`` (a host sync per step) or ``loss.detach()`` summed on the device
-  and read once at the end, as here.
+  Keep a number without a graph: ``loss.detach()`` summed on the device and read once at the
+  end, as here. ``loss.item()`` per step also drops the graph, but it is a host-device sync per
+  step (lab 01): the host waits for the GPU to finish the step before it can queue the next.
 - **keeping outputs.** ``outputs.append(out)`` keeps the logits and, without ``no_grad``, their
   graph. ``out.detach()`` drops the graph but keeps every logit. Keep what is needed, and
   summarise as you go: a running count of correct predictions stays one number.
@@ -65,16 +66,19 @@ def evaluate(model: nn.Module, loss_fn: Callable,
     """
     was_training = model.training
     model.eval()  # BatchNorm uses its running statistics, dropout is off
-    total, correct, count = 0.0, 0, 0
+    total, correct, count = None, None, 0
     try:
         with torch.no_grad():  # nothing is saved for backward: activations are freed op by op
             for inputs, targets in batches:
                 outputs = model(inputs)
-                total += loss_fn(outputs, targets).item() * targets.shape[0]
-                correct += (outputs.argmax(dim=1) == targets).sum().item()
+                # running totals stay on the device: no .item() (a host sync) per batch
+                batch_loss = loss_fn(outputs, targets) * targets.shape[0]
+                hits = (outputs.argmax(dim=1) == targets).sum()
+                total = batch_loss if total is None else total + batch_loss
+                correct = hits if correct is None else correct + hits
                 count += targets.shape[0]
     finally:
         model.train(was_training)
     if count == 0:
         raise ValueError("batches was empty: nothing to evaluate")
-    return total / count, correct / count
+    return total.item() / count, correct.item() / count  # the only host syncs

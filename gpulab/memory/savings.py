@@ -33,7 +33,7 @@ from gpulab.devices.registry import default_for
 from gpulab.memory.meter import MemoryMeter
 from gpulab.models import SmallCNN
 
-__all__ = ["peak_memory", "fp32_step", "bf16_step", "checkpointed_forward", "checkpointed_step", "Workload", "lab_workloads"]
+__all__ = ["peak_memory", "fp32_step", "bf16_step", "segment_sizes", "checkpointed_forward", "checkpointed_step", "Workload", "lab_workloads"]
 
 
 def peak_memory(fn: Callable[..., Any], *args: Any, track: Any = None, **kwargs: Any) -> int:
@@ -84,16 +84,39 @@ def bf16_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, los
     return loss.item()
 
 
-def checkpointed_forward(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
-    """Run ``blocks`` in order, every block but the last under activation checkpointing.
+def segment_sizes(num_blocks: int, segments: int) -> list[int]:
+    """How many consecutive blocks each of ``segments`` runs holds: as equal as possible, the
+    earlier runs one block longer when ``num_blocks`` does not divide (5 blocks in 2: ``[3, 2]``).
 
-    The last block is run plainly: backward needs its activations first, so recomputing them
-    would save nothing. ``use_reentrant=False`` is the implementation torch recommends (it works
-    when the input does not require grad, and with keyword arguments).
+    Raises:
+        ValueError: ``segments`` is not between 1 and ``num_blocks``.
     """
-    for block in blocks[:-1]:
-        x = checkpoint(block, x, use_reentrant=False)  # keeps x only; recomputes block in backward
-    return blocks[-1](x)
+    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= num_blocks:
+        raise ValueError(f"segments must be an int from 1 (no checkpointing) to {num_blocks} (one block per "
+                         f"segment), got {segments!r}")
+    return [num_blocks // segments + (i < num_blocks % segments) for i in range(segments)]
+
+
+def checkpointed_forward(blocks: Sequence[nn.Module], x: torch.Tensor, segments: int | None = None) -> torch.Tensor:
+    """Run ``blocks`` in order as ``segments`` runs of consecutive blocks, every run but the last
+    under activation checkpointing (default: one block per run).
+
+    Each checkpointed run keeps only its input; backward recomputes the run, so the peak holds one
+    run's activations plus every run's input: for n equal blocks with activations A and input I
+    each, about (n / k) A + k I for k runs, least near k = sqrt(n A / I) (Chen et al. 2016,
+    arXiv 1604.06174). In lab 08's workloads A outweighs I many times, so more runs save more. The last
+    run is plain: backward needs its activations first, so recomputing them would save nothing.
+    ``use_reentrant=False`` is the implementation torch recommends (it works when the input does
+    not require grad, and with keyword arguments). torch's ``checkpoint_sequential`` does the
+    same with another split (equal runs, the remainder in the last).
+    """
+    blocks = list(blocks)
+    sizes = segment_sizes(len(blocks), len(blocks) if segments is None else segments)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    runs = [nn.Sequential(*blocks[start:start + size]) for start, size in zip(starts, sizes)]
+    for run in runs[:-1]:
+        x = checkpoint(run, x, use_reentrant=False)  # keeps x only; recomputes the run in backward
+    return runs[-1](x)
 
 
 def checkpointed_step(blocks: Sequence[nn.Module], inputs: torch.Tensor, targets: torch.Tensor,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from gpulab.memory.savings import (
@@ -14,6 +15,7 @@ from gpulab.memory.savings import (
     fp32_step,
     lab_workloads,
     peak_memory,
+    segment_sizes,
 )
 
 
@@ -58,3 +60,34 @@ def test_checkpointing_gives_the_same_results_with_less_memory() -> None:
         model.zero_grad(set_to_none=True)
         ratios.append(peak_memory(checkpointed_step, blocks, x, y, loss_fn, track=model) / fp32)
     assert ratios[0] < 0.9 and ratios[1] < 0.55, ratios  # benchmark: 0.79 (CNN), 0.44 (transformer)
+
+
+def test_segment_sizes_split_as_equally_as_possible_and_refuse_bad_counts() -> None:
+    assert segment_sizes(5, 2) == [3, 2] and segment_sizes(5, 4) == [2, 1, 1, 1] and segment_sizes(4, 4) == [1] * 4
+    assert segment_sizes(5, 1) == [5]
+    for bad in (0, 6, 2.0, True):
+        with pytest.raises(ValueError, match="segments must be an int from 1"):
+            segment_sizes(5, bad)
+
+
+def test_more_segments_lower_the_peak_with_the_same_results() -> None:
+    w = lab_workloads()["transformer"]  # 4 encoder layers and a classifier: 5 blocks
+    plain = copy.deepcopy(w.model)
+    ref = plain(w.inputs)
+    w.loss_fn(ref, w.targets).backward()
+    peaks = []
+    for k in range(1, 6):
+        w.model.zero_grad(set_to_none=True)
+        out = checkpointed_forward(w.blocks, w.inputs, k)
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+        w.loss_fn(out, w.targets).backward()
+        for p, q in zip(w.model.parameters(), plain.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+        w.model.zero_grad(set_to_none=True)
+        peaks.append(peak_memory(lambda: w.loss_fn(checkpointed_forward(w.blocks, w.inputs, k), w.targets).backward(),
+                                 track=w.model))
+    w.model.zero_grad(set_to_none=True)
+    fp32 = peak_memory(fp32_step, w.model, w.inputs, w.targets, w.loss_fn, track=w.model)
+    ratios = [p / fp32 for p in peaks]
+    assert ratios[0] == pytest.approx(1.0, abs=0.02)  # one run, not checkpointed: the plain peak
+    assert all(b <= a for a, b in zip(ratios, ratios[1:])) and ratios[1] < 0.9 and ratios[-1] < 0.5, ratios
