@@ -58,3 +58,16 @@ def test_profiling_through_the_log_is_profiling_the_accelerator() -> None:
     assert log.copies == 6 and log.echo == pytest.approx(6.0)  # the same batch, six times over
     with pytest.raises(TypeError, match="wraps an Accelerator"):
         TransferLog("cuda")
+
+
+@pytest.mark.gpu
+def test_the_log_around_a_gpu_records_the_host_side_of_the_copy() -> None:
+    from gpulab.accel import CudaAccelerator
+
+    log = TransferLog(CudaAccelerator(), keep=1)
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8).pin_memory()
+    on_device, labels = log.copy((images, torch.arange(4)), non_blocking=True)
+    assert on_device.is_cuda and labels.is_cuda and log.kept_copies[0].device.type == "cpu"
+    log.compute(0.001, on_device.float())
+    log.synchronize()
+    assert log.bytes_by_dtype["uint8"] == images.numel() and log.compute_dtypes == {"float32": 1}
