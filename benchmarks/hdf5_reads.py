@@ -13,6 +13,11 @@ Targets (ratios measured side by side in this run):
 * ``small_chunk_speedup``: plain random order on gzip, 1-image chunks vs 64-image chunks, 1 MiB
   cache (lab 03 grades the student's layout at a fraction of this);
 * ``auto_chunk_slowdown``: ``chunks=True`` auto-chunking vs 1-image chunks, both gzip.
+* ``w0``: the chunk preemption policy (lab 03). On ``hot_and_stream_order`` (4 hot chunks revisited
+  a sample at a time, the rest streamed) with a 5-chunk cache: chunk decompressions counted from
+  HDF5's reads and the µs per sample, w0 = 0 vs 1 (``w0_speedup``). On shuffled reads with a 4 MiB
+  cache: the C heap held while the dataset is open (``heap_mib``), w0 = 0.75 vs 1, where w0 = 1
+  evicts nothing (``heap_ratio_w0_1``; null where ``mallinfo2`` is missing).
 
 The files are small and sit in the OS page cache, so no disk latency is measured: the figures
 are HDF5's own costs (per-read overhead, chunk decompression, read amplification). Bytes read
@@ -35,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpulab.data.chunk_cache import time_reads  # noqa: E402
 from gpulab.data.hdf5 import ChunkShuffleSampler, H5Dataset, make_images, measure_chunk_cache, suggest_chunks, write_h5  # noqa: E402
+from gpulab.data.preemption import heap_in_use, hot_and_stream_order  # noqa: E402
+from gpulab.profiling.interleave import time_interleaved  # noqa: E402
 
 MiB = 1 << 20
 N, SHAPE = 2048, (3, 64, 64)
@@ -51,6 +58,47 @@ def layouts(images) -> dict[str, dict]:
         "lzf": dict(layout="chunked", chunks=big, compression="lzf"),
         "gzip_1img": dict(layout="chunked", chunks=small, compression="gzip"),
         "gzip_auto": dict(layout="chunked", chunks=True, compression="gzip"),
+    }
+
+
+def w0_figures(path: Path, shuffled: list[int], repeats: int) -> dict:
+    """Decompressions, µs/sample (w0 = 0, 0.75, 1) on the hot-and-stream order; heap held on shuffled reads."""
+    rows, hot = 64, 4
+    chunk_nbytes = rows * 3 * 64 * 64
+    mixed = hot_and_stream_order(N, rows, hot_chunks=hot, hot_every=2, seed=0)
+    cache = (hot + 1) * chunk_nbytes
+    misses = {w0: measure_chunk_cache(path, mixed, rdcc_nbytes=cache, rdcc_nslots=10007, rdcc_w0=w0).misses
+              for w0 in (0.0, 0.75, 1.0)}
+
+    def reader(w0: float):
+        def run() -> None:
+            ds = H5Dataset(path, rdcc_nbytes=cache, rdcc_nslots=10007, rdcc_w0=w0)
+            for i in mixed:
+                ds[i]
+            ds.close()
+        return run
+
+    timings = time_interleaved({w0: reader(w0) for w0 in (0.0, 0.75, 1.0)}, repeats=repeats, warmup=0)
+    us = {w0: timings.median(w0) / len(mixed) * 1e6 for w0 in (0.0, 0.75, 1.0)}
+    heap = {}
+    for w0 in (0.75, 1.0):
+        ds = H5Dataset(path, rdcc_nbytes=4 * MiB, rdcc_nslots=10007, rdcc_w0=w0)
+        ds[0]
+        before = heap_in_use()
+        for i in shuffled[:400]:
+            ds[i]
+        after = heap_in_use()
+        ds.close()
+        heap[w0] = None if before is None else round((after - before) / MiB, 1)
+    return {
+        "order": f"hot_and_stream_order: {hot} hot chunks, a hot read after every 2 streamed, {len(mixed)} reads, "
+                 f"cache {hot + 1} chunks",
+        "decompressions": {str(k): v for k, v in misses.items()},
+        "us_per_sample": {str(k): round(v, 1) for k, v in us.items()},
+        "w0_speedup": round(us[0.0] / us[1.0], 2),
+        "decompression_ratio_w0_1": round(misses[1.0] / misses[0.0], 2),
+        "heap_mib_shuffled_4MiB_cache": {str(k): v for k, v in heap.items()},
+        "heap_ratio_w0_1": None if heap[0.75] is None else round(heap[1.0] / max(heap[0.75], 0.1), 1),
     }
 
 
@@ -93,6 +141,7 @@ def main(repeats: int = 3, max_seconds: float = 0.3) -> dict:
         "hit_rate_1MiB": {k: round(s.hit_rate, 3) if s.accesses else None for k, s in stats.items()},  # None: no chunks
         "bytes_per_sample_1MiB": {k: round(s.bytes_per_sample) for k, s in stats.items()},
         "us_per_sample": us,
+        "w0": w0_figures(paths["gzip"], orders["random"], repeats),
     }
 
 

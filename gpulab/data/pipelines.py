@@ -31,7 +31,9 @@ from typing import Any, Callable
 
 import torch
 
+from gpulab.accel import as_accelerator
 from gpulab.data.caching import InMemoryCache
+from gpulab.data.crossing import TransferLog
 from gpulab.data.synthetic import SyntheticImages
 from gpulab.data.transfer import to_device_normalize
 from gpulab.data.workers import LoaderConfig, make_loader
@@ -165,13 +167,28 @@ def tuned_pipeline(setup: PipelineSetup, accel: Any, num_workers: int = 0,
 
 @dataclass
 class Comparison:
-    """Baseline and candidate profiles measured side by side (see :func:`compare_pipelines`)."""
+    """Baseline and candidate profiles measured side by side (see :func:`compare_pipelines`).
+
+    ``baseline_log`` / ``candidate_log`` recorded what each pipeline copied to the device
+    (:class:`~gpulab.data.crossing.TransferLog`): the dtypes that crossed, and how many of the
+    samples were repeats. Fresh samples per second count each distinct sample once.
+    """
 
     baseline: LoopProfile
     candidate: LoopProfile
     attempts: int
-    baseline_echo: int = 1
-    candidate_echo: int = 1
+    baseline_log: TransferLog | None = None
+    candidate_log: TransferLog | None = None
+
+    @property
+    def baseline_echo(self) -> float:
+        """Samples the baseline copied per distinct sample (measured; 1.0 without a log)."""
+        return self.baseline_log.echo if self.baseline_log is not None else 1.0
+
+    @property
+    def candidate_echo(self) -> float:
+        """Samples the candidate copied per distinct sample: about k for a batch echoed k times."""
+        return self.candidate_log.echo if self.candidate_log is not None else 1.0
 
     @property
     def baseline_fresh(self) -> float:
@@ -189,7 +206,7 @@ class Comparison:
 
     def __str__(self) -> str:
         b, c = self.baseline, self.candidate
-        echo = f" (echo x{self.candidate_echo})" if self.candidate_echo > 1 else ""
+        echo = f" (each sample copied {self.candidate_echo:.2f}x)" if self.candidate_echo > 1.05 else ""
         return (f"baseline: busy {b.busy_fraction:.2f}, {self.baseline_fresh:.0f} samples/s | candidate{echo}: busy "
                 f"{c.busy_fraction:.2f}, {self.candidate_fresh:.0f} fresh samples/s | {self.throughput_ratio:.2f}x "
                 f"(attempt {self.attempts})")
@@ -201,30 +218,32 @@ def compare_pipelines(baseline: tuple[Any, Callable], candidate: tuple[Any, Call
     """Profile two ``(loader, step_fn)`` pipelines one after the other, the first epoch as warm-up.
 
     The baseline is copied with ``non_blocking=False`` (the naive default), the candidate with
-    ``non_blocking=True``. Throughput counts fresh samples: a loader with a ``factor`` attribute
-    (:class:`~gpulab.data.echo.BatchEcho`) repeats batches, and repeats are not new data. If the
-    candidate misses ``busy_at_least`` or ``ratio_at_least`` - a
-    shared machine can stall a process for tens of milliseconds - both are measured again, up to
-    ``attempts`` times, and the best attempt is returned. A pipeline that cannot reach the targets
-    misses them in every attempt.
+    ``non_blocking=True``, each through a :class:`~gpulab.data.crossing.TransferLog` around
+    ``accel``, which counts what crosses. Throughput counts fresh samples: a pipeline that copies
+    the same samples again (batch echoing, or the same batches every epoch) is measured doing so,
+    whatever its objects say about themselves. If the candidate misses ``busy_at_least`` or
+    ``ratio_at_least`` - a shared machine can stall a process for tens of milliseconds - both are
+    measured again, up to ``attempts`` times, and the best attempt is returned. A pipeline that
+    cannot reach the targets misses them in every attempt.
 
     Raises:
         ValueError: ``epochs < 2`` (one is warm-up), or a loader without ``len()``.
     """
     if epochs < 2:
         raise ValueError(f"epochs must be >= 2 (the first one is warm-up), got {epochs}")
+    accel = as_accelerator(accel)
     best = None
     for attempt in range(1, attempts + 1):
-        profiles = []
+        profiles, logs = [], []
         for (loader, step_fn), non_blocking, name in ((baseline, False, "baseline"), (candidate, True, "candidate")):
             try:
                 n = len(loader)
             except TypeError:
                 raise ValueError(f"the {name} loader has no len(); return a DataLoader (or BatchEcho of one)") from None
-            profiles.append(profile_loop(loader, step_fn, accel, n, epochs=epochs, warmup_steps=n,
+            logs.append(TransferLog(accel))
+            profiles.append(profile_loop(loader, step_fn, logs[-1], n, epochs=epochs, warmup_steps=n,
                                          non_blocking=non_blocking, desc=name, disable=disable))
-        echoes = [int(getattr(loader, "factor", 1)) for loader, _ in (baseline, candidate)]
-        result = Comparison(profiles[0], profiles[1], attempt, *echoes)
+        result = Comparison(profiles[0], profiles[1], attempt, *logs)
         if best is None or (result.candidate.busy_fraction, result.throughput_ratio) > (
                 best.candidate.busy_fraction, best.throughput_ratio):
             best = result

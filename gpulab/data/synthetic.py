@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import random
+import time
 import zlib
 from typing import Sequence
 
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["SyntheticImages"]
+__all__ = ["SyntheticImages", "StallingReads"]
 
 
 def _check_mean_std(mean: Sequence[float] | torch.Tensor, std: Sequence[float] | torch.Tensor,
@@ -139,3 +140,48 @@ class SyntheticImages(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         img, label = self.load(index)
         return self.transform(img), label
+
+
+class StallingReads(Dataset):
+    """Reads that are quick except now and then, when one waits for storage: a stall.
+
+    Sample ``i`` waits ``read_s``, plus ``stall_s`` when ``i % stall_every == 0``; waiting is a
+    ``time.sleep`` (a read blocked on I/O uses no CPU), so the figures do not depend on how busy
+    the cores are. With a shuffled loader a batch holds a random number of stalled samples, so
+    batch times vary the way they do on shared storage: the mean is low, some batches are slow.
+
+    Args:
+        num_samples: dataset length.
+        read_s: seconds every read waits.
+        stall_s: extra seconds of a stalled read.
+        stall_every: one sample index in ``stall_every`` stalls.
+        shape: ``(C, H, W)`` of the uint8 images returned (small: the lesson is the waiting).
+
+    Raises:
+        ValueError: negative times, or sizes < 1.
+    """
+
+    def __init__(self, num_samples: int = 512, read_s: float = 0.0, stall_s: float = 0.020, stall_every: int = 16,
+                 shape: tuple[int, int, int] = (3, 8, 8)) -> None:
+        if read_s < 0 or stall_s < 0:
+            raise ValueError(f"read_s and stall_s must be >= 0 seconds, got {read_s!r} and {stall_s!r}")
+        for name, v in (("num_samples", num_samples), ("stall_every", stall_every)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        self.num_samples, self.read_s, self.stall_s, self.stall_every = num_samples, read_s, stall_s, stall_every
+        self.image = torch.zeros(shape, dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def wait_s(self, index: int) -> float:
+        """Seconds a read of sample ``index`` waits."""
+        return self.read_s + (self.stall_s if index % self.stall_every == 0 else 0.0)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not -self.num_samples <= index < self.num_samples:
+            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
+        wait = self.wait_s(index % self.num_samples)
+        if wait > 0:
+            time.sleep(wait)  # blocked on storage: no CPU used
+        return self.image.clone(), index % 10

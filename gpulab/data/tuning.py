@@ -31,12 +31,15 @@ __all__ = ["sweep_loader", "tune_loader", "SweepResult", "TuneResult"]
 Measure = Callable[[LoaderConfig], float]
 
 
-def _measure_with(dataset: Any, num_batches: int, epochs: int, seed: int) -> Measure:
+def _measure_with(dataset: Any, num_batches: int, epochs: int, seed: int, step_s: float = 0.0,
+                  count_startup: bool = True) -> Measure:
+    key = "samples_per_s" if count_startup else "steady_samples_per_s"
+
     def measure(cfg: LoaderConfig) -> float:
         with warnings.catch_warnings():  # the caller already warned once about the grid
             warnings.simplefilter("ignore", LoaderWarning)
             loader = make_loader(dataset, cfg, seed=seed, warn=False)
-        return measure_loader(loader, num_batches=num_batches, epochs=epochs)["samples_per_s"]
+        return measure_loader(loader, num_batches=num_batches, epochs=epochs, step_s=step_s)[key]
     return measure
 
 
@@ -101,6 +104,8 @@ def sweep_loader(
     *,
     num_batches: int = 16,
     epochs: int = 1,
+    step_s: float = 0.0,
+    count_startup: bool = True,
     measure: Measure | None = None,
     seed: int = 0,
     disable: bool = False,
@@ -113,6 +118,11 @@ def sweep_loader(
         pin_memory, persistent_workers, prefetch_factor, batch_size: values to try.
         num_batches: batches timed per epoch; ``epochs``: passes (start-ups are included, which
             is what ``persistent_workers`` changes).
+        step_s: seconds the consumer holds each batch (see :func:`measure_loader`); 0 times the
+            loader alone. ``prefetch_factor`` only shows an effect with a consumer: it is the
+            number of batches each worker may have ready or in progress while the step runs.
+        count_startup: include each epoch's wait for its first batch (worker start-up, what
+            ``persistent_workers`` changes); False times the steady state only.
         measure: ``config -> samples/s`` instead of timing real loaders (cost models, tests).
         seed: shuffling seed.
         disable: turn the progress bar off.
@@ -131,7 +141,7 @@ def sweep_loader(
     grid = list(dict.fromkeys(grid))  # with 0 workers, persistent/prefetch collapse to one setting
     if measure is None:
         _warn_once(grid, cores)
-        measure = _measure_with(dataset, num_batches, epochs, seed)
+        measure = _measure_with(dataset, num_batches, epochs, seed, step_s, count_startup)
     rows = []
     for cfg in tqdm(grid, desc="sweep_loader", disable=disable, leave=False):
         rows.append(dict(asdict(cfg), samples_per_s=float(measure(cfg))))

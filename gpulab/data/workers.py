@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, replace
-from time import perf_counter
+from time import perf_counter, sleep
 from typing import Any
 
 import torch
@@ -119,19 +119,28 @@ class _QuietLoader(DataLoader):
         pass
 
 
-def measure_loader(loader: Any, num_batches: int | None = None, epochs: int = 1) -> dict[str, Any]:
-    """Time iterating ``loader`` alone (no model): start-up and steady throughput per epoch.
+def measure_loader(loader: Any, num_batches: int | None = None, epochs: int = 1, step_s: float = 0.0) -> dict[str, Any]:
+    """Time iterating ``loader``: start-up and steady throughput per epoch.
+
+    With ``step_s=0`` the loader is timed alone (the main process takes each batch as soon as it
+    is ready). With ``step_s > 0`` the main process holds each batch for ``step_s`` seconds (a
+    sleep, standing for a training step that keeps the host waiting on the device), which is
+    when a prefetch queue matters: workers fill it while the step runs, and a slow batch is
+    hidden if the queue holds enough batches that were ready earlier.
 
     Args:
         loader: any iterable of batches; re-iterated each epoch.
         num_batches: batches per epoch (default: all).
         epochs: passes; with ``persistent_workers=False`` every pass starts the workers again.
+        step_s: seconds the consumer spends on each batch (0: the loader alone).
 
     Returns:
         ``startup_s`` (time to the first batch, per epoch), ``epoch_s`` (per epoch),
         ``samples_per_s`` (all samples / all time, start-ups included) and
         ``steady_samples_per_s`` (after each epoch's first batch).
     """
+    if step_s < 0:
+        raise ValueError(f"step_s must be >= 0 seconds, got {step_s!r}")
     startups, epochs_s, samples, steady_t, steady_n = [], [], 0, 0.0, 0
     for _ in range(epochs):
         t0 = perf_counter()
@@ -147,6 +156,8 @@ def measure_loader(loader: Any, num_batches: int | None = None, epochs: int = 1)
             samples += n
             if num_batches is not None and k + 1 >= num_batches:
                 break
+            if step_s:
+                sleep(step_s)  # the training step: the next batch is taken only after it
         end = perf_counter()
         epochs_s.append(end - t0)
         if first is not None:

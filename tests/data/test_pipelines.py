@@ -1,4 +1,5 @@
-"""gpulab.data.pipelines: the calibrated baseline and tuned pipelines run and compare."""
+"""gpulab.data.pipelines: the calibrated baseline and tuned pipelines run and compare; fresh samples
+are counted from what crosses, whatever the loader says about itself."""
 
 from __future__ import annotations
 
@@ -24,3 +25,34 @@ def test_calibrated_pipelines_run_and_compare() -> None:
     assert cmp.baseline.num_steps == cmp.candidate.num_steps == 6 and cmp.throughput_ratio > 0
     with pytest.raises(ValueError, match="warm-up"):
         compare_pipelines(base, tuned, accel, epochs=1)
+
+
+def test_an_echo_is_measured_not_read_from_the_loader() -> None:
+    from gpulab.data.loading import BatchEcho
+    from gpulab.data.pipelines import PipelineSetup, baseline_pipeline, calibrate, compare_pipelines, tuned_pipeline
+
+    accel = SimAccelerator()
+    setup = calibrate(accel, PipelineSetup(num_samples=64, batch_size=16, decode_repeats=1), batches=2)
+    loader, step = tuned_pipeline(setup, accel)
+
+    class QuietEcho(BatchEcho):
+        factor = 1  # what it says about itself
+
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __iter__(self):
+            for batch in self.loader:
+                yield batch
+                yield batch
+
+        def __len__(self):
+            return 2 * len(self.loader)
+
+    cmp = compare_pipelines(baseline_pipeline(setup, accel), (QuietEcho(loader), step), accel, epochs=2, attempts=1,
+                            disable=True)
+    assert cmp.candidate_echo == pytest.approx(2.0, abs=0.05) and cmp.baseline_echo == pytest.approx(1.0, abs=0.05)
+    assert cmp.candidate_fresh == pytest.approx(cmp.candidate.throughput / cmp.candidate_echo)
+    assert cmp.candidate_log.bytes_by_dtype["uint8"] > 0 and cmp.candidate_log.floating_bytes == 0
+    assert cmp.baseline_log.floating_bytes > 0  # the baseline copies float32
+    assert "copied 2.0" in str(cmp)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpulab.data import synthetic
-from gpulab.data.synthetic import SyntheticImages
+from gpulab.data.synthetic import StallingReads, SyntheticImages
 from gpulab.data.transfer import normalize_on_host
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
@@ -74,3 +74,20 @@ def test_normalize_of_the_wrong_shape() -> None:
 def test_index_out_of_range() -> None:
     with pytest.raises(IndexError):
         SyntheticImages(4).load(4)
+
+
+def test_stalling_reads_wait_on_every_stall_every_th_sample() -> None:
+    import time
+
+    ds = StallingReads(40, read_s=0.0, stall_s=0.03, stall_every=16)
+    assert len(ds) == 40 and [i for i in range(40) if ds.wait_s(i) > 0] == [0, 16, 32]
+    t0 = time.perf_counter()
+    image, label = ds[16]
+    assert time.perf_counter() - t0 >= 0.03  # a sleep lasts at least its time, however loaded the machine
+    assert image.dtype == torch.uint8 and image.shape == (3, 8, 8) and label == 6
+    assert ds[-1][1] == 9
+    with pytest.raises(IndexError):
+        ds[40]
+    for bad in (dict(stall_s=-1.0), dict(read_s=-0.1), dict(stall_every=0), dict(num_samples=0)):
+        with pytest.raises(ValueError):
+            StallingReads(**bad)

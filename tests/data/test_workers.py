@@ -60,3 +60,15 @@ def test_loader_config_and_measure() -> None:
     assert LoaderConfig(0, persistent_workers=True, prefetch_factor=4).effective() == LoaderConfig(0)
     m = measure_loader(make_loader(SyntheticImages(20), batch_size=4), epochs=2)
     assert m["samples"] == 40 and len(m["startup_s"]) == 2 and m["samples_per_s"] > 0
+
+
+def test_a_consumer_step_caps_the_measured_rate() -> None:
+    """With step_s, the main process holds each batch that long: no setting can beat batch / step_s."""
+    data = list(range(40))
+    loader = make_loader(data, batch_size=8, shuffle=False)
+    stats = measure_loader(loader, step_s=0.01)
+    assert stats["samples"] == 40 and stats["samples_per_s"] <= 8 / 0.01
+    sweep = sweep_loader(data, num_workers=(0,), batch_size=(8,), step_s=0.01, count_startup=False, disable=True)
+    assert 0 < sweep.best_samples_per_s <= 8 / 0.01
+    with pytest.raises(ValueError, match="step_s"):
+        measure_loader(loader, step_s=-1)

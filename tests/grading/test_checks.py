@@ -116,6 +116,27 @@ def test_check_not_calling_covers_class_methods() -> None:
     assert grading.check_not_calling(lambda n: list(range(n)), 2, forbidden=[ReferenceEcho]) == [0, 1]
 
 
+def test_a_student_dataset_is_not_taken_for_a_reference_dataset() -> None:
+    """A reference that is a torch Dataset (a typing.Generic) forbids its own methods, not Generic's,
+    which every student Dataset shares (defining or subscripting one ran Generic's code)."""
+    from torch.utils.data import Dataset
+
+    class ReferenceCache(Dataset):
+        def __getitem__(self, i):
+            return i
+
+    def student():
+        class Mine(Dataset):  # runs Generic.__init_subclass__
+            def __getitem__(self, i):
+                return 2 * i
+
+        return Mine()[3], Dataset[int]  # and Generic.__class_getitem__
+
+    assert grading.check_not_calling(student, forbidden=[ReferenceCache])[0] == 6
+    with pytest.raises(GradingError, match="ReferenceCache"):
+        grading.check_not_calling(lambda: ReferenceCache()[1], forbidden=[ReferenceCache])
+
+
 def test_check_not_calling_restores_the_profiler() -> None:
     import sys
 
