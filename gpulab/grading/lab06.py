@@ -17,6 +17,7 @@ may come from a notebook cell), trains a few steps, and returns what a grader co
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -55,10 +56,32 @@ __all__ = ["SyncCheck", "compare_with_single_process", "compare_amp_steps", "che
            "PER_PARAMETER_CASES", "BUCKETED_CASES", "check_ddp_class", "trace_overlap", "measure_bucketing_speedup",
            "check_bucketing_speedup"]
 
-# gpulab's reference implementations of lab 06's exercises (the ``forbidden`` of check_not_calling):
-# the DDP wrappers, their base class and helpers too, so that subclassing or calling into them is caught
-REFERENCES: tuple = (DistributedSampler, allreduce_gradients, NaiveDDP, OverlappedDDP, BucketedDDP, _Bucket,
-                     DataParallelWrapper, at_end_of_backward, bucket_assignment, unused_parameters, amp_step)
+def _functions(*refs: Any) -> tuple:
+    """The plain functions behind ``refs``: a function itself; a class's own methods (and its gpulab
+    bases'), each unwrapped. Listing a class would also list what its MRO brings (``typing.Generic``'s
+    methods) and what decorators put there (``contextmanager``'s ``helper``, shared by every context
+    manager in torch), which torch itself calls: a correct student would then be caught."""
+    out = []
+    for ref in refs:
+        if not isinstance(ref, type):
+            out.append(inspect.unwrap(ref))
+            continue
+        for klass in ref.__mro__:
+            if not klass.__module__.startswith("gpulab"):
+                continue
+            for member in vars(klass).values():
+                member = getattr(member, "__func__", getattr(member, "fget", member))  # static/class methods, properties
+                member = inspect.unwrap(member) if callable(member) else member
+                if hasattr(member, "__code__") and member not in out:
+                    out.append(member)
+    return tuple(out)
+
+
+# gpulab's reference implementations of lab 06's exercises (the ``forbidden`` of check_not_calling), as
+# functions: the DDP wrappers' methods, their base class's and helpers too, so that subclassing or calling
+# into them is caught
+REFERENCES: tuple = _functions(DistributedSampler, allreduce_gradients, NaiveDDP, OverlappedDDP, BucketedDDP, _Bucket,
+                               DataParallelWrapper, at_end_of_backward, bucket_assignment, unused_parameters, amp_step)
 
 def _model(sizes: Sequence[int]) -> nn.Module:
     torch.manual_seed(0)

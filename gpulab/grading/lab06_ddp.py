@@ -238,9 +238,9 @@ def measure_bucketing_speedup(per_parameter: Callable, bucketed: Callable, world
     per_rank = launch(_timing_rank, world_size, args=(strategies, cfg), backend="gloo", timeout=timeout, echo=False)
     s = summarize_step_times(per_rank)
     cores = sum(sum(r["cpu:local"]) / sum(r["local"]) for r in per_rank)
-    detail = ", ".join(f"{n} {1e3 * t:.1f} ms" for n, t in s.items())
+    detail = "gloo CPU ranks: " + ", ".join(f"{n} {1e3 * t:.1f} ms" for n, t in s.items())
     return SpeedupMeasurement(s["per-parameter (yours)"] / s["bucketed (yours)"],
-                              s["per-parameter (gpulab)"] / s["bucketed (gpulab)"], cores, detail)
+                              s["per-parameter (gpulab)"] / s["bucketed (gpulab)"], cores, detail, s)
 
 
 def _gpulab(kind: str, mb: float) -> Callable[[nn.Module], nn.Module]:

@@ -39,12 +39,14 @@ class SpeedupMeasurement:
         reference: gpulab's reference speed-up over the same baseline, in the same measurement.
         cores: the cores the measurement had (CPU seconds / wall seconds of the work that needs them).
         detail: free text shown with the figures (e.g. milliseconds per variant).
+        times: the seconds behind the ratios, by variant name (for further checks).
     """
 
     yours: float
     reference: float
     cores: float
     detail: str = ""
+    times: dict[str, float] = field(default_factory=dict)
 
     def __str__(self) -> str:
         more = f"; {self.detail}" if self.detail else ""
