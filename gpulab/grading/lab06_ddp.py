@@ -7,8 +7,8 @@ optimizer step. Three things are graded, each from evidence the grader collects 
 
 - :func:`check_ddp_class`: after k steps of momentum SGD with weight decay on 2 (or 3) ranks,
   every parameter equals single-process training on the whole batch: an MLP at several bucket
-  sizes (one bucket per parameter, a few, one), a tied weight (one hook call after two
-  contributions), and an unused parameter (its ``.grad`` must stay None, as in one process and
+  sizes (one bucket per parameter, a few, one), a weight shared by two modules (one hook call,
+  after both contributions), and an unused parameter (its ``.grad`` must stay None, as in one process and
   in torch DDP with ``find_unused_parameters=True``; weight decay would move it otherwise);
 - :func:`trace_overlap`: the order of "all-reduce launched" and "gradient ready" in one step, seen
   by the grader's own gradient hooks (registered before the student's class is built) and by a

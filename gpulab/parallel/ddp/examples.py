@@ -69,11 +69,12 @@ class BranchyNet(nn.Module):
 
 
 class TiedEmbeddingNet(nn.Module):
-    """A token embedding whose weight is also the output projection (GPT-2 ties them this way).
+    """A token embedding whose weight is also the output layer's: one parameter shared by two modules
+    (GPT-2 ties them this way).
 
-    The one weight is used twice in forward, so backward adds two contributions into its
-    ``.grad``: a ``register_post_accumulate_grad_hook`` fires once, after both; a hook on the
-    gradient itself (``Tensor.register_hook``) would fire once per contribution.
+    ``model.parameters()`` lists the shared weight once; walking ``model.modules()`` meets it twice,
+    and a hook registered once per module would fire twice. Its two uses add up in one ``.grad``:
+    ``register_post_accumulate_grad_hook`` fires once per backward pass, after both.
     """
 
     def __init__(self, vocab_size: int = 16, dim: int = 12) -> None:
@@ -81,10 +82,12 @@ class TiedEmbeddingNet(nn.Module):
         torch.manual_seed(0)
         self.embed = nn.Embedding(vocab_size, dim)
         self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # (vocab_size, dim): the same Parameter in both modules
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.mix(self.embed(tokens)))  # (B, dim)
-        return h @ self.embed.weight.T  # (B, vocab_size): logits through the same weight
+        return self.head(h)  # (B, vocab_size)
 
 
 def torch_ddp_steps(rank: int, world_size: int, find_unused_parameters: bool, use_aux: bool = False,
