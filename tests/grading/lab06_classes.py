@@ -71,18 +71,6 @@ class PerParameterNoBroadcast(PerParameter):
             self._register(p)
 
 
-class PerParameterPerModuleHooks(PerParameter):
-    """Wrong: hooks registered module by module; a weight shared by two modules gets two hooks, and is
-    divided and all-reduced twice."""
-
-    def __init__(self, module):
-        nn.Module.__init__(self)
-        self.module, self.world_size, self.handles = module, dist.get_world_size(), []
-        for m in module.modules():
-            for p in m.parameters(recurse=False):
-                self._register(p)
-
-
 class Bucketed(nn.Module):
     """Right: flat buckets, launched in order from the hooks; unused parameters as torch DDP."""
 
@@ -92,7 +80,7 @@ class Bucketed(nn.Module):
         with torch.no_grad():
             for p in module.parameters():
                 dist.broadcast(p, src=0)
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.params = self._param_list(module)
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.buckets, self.bucket_of = [], {}
         for indices in assign_buckets(self.params, bucket_size_mb):
@@ -109,6 +97,9 @@ class Bucketed(nn.Module):
         self.next = 0
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
+
+    def _param_list(self, module):
+        return [p for p in module.parameters() if p.requires_grad]
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

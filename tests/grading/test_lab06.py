@@ -116,7 +116,7 @@ def test_check_ddp_class_passes_right_classes_and_reports_grad_none():
 def test_check_ddp_class_catches_each_wrong_class():
     from gpulab.grading.lab06 import BUCKETED_CASES, PER_PARAMETER_CASES, check_ddp_class
 
-    from .lab06_classes import BucketedZeroFill, PerParameterNoBroadcast, PerParameterPerModuleHooks, PerParameterSum
+    from .lab06_classes import BucketedZeroFill, PerParameterNoBroadcast, PerParameterSum
 
     summed = check_ddp_class(PerParameterSum, PER_PARAMETER_CASES[:1], 2)
     assert summed.max_abs_diff["MLP"] > 1e-3, "a sum instead of a mean"
@@ -126,8 +126,8 @@ def test_check_ddp_class_catches_each_wrong_class():
     label = BUCKETED_CASES[-1][0]
     assert zero.max_abs_diff[label] > 1e-5, "weight decay moves a zero-filled unused parameter"
     assert zero.grad_none[label][0] == [] != zero.expected_none[label]
-    tied = check_ddp_class(PerParameterPerModuleHooks, PER_PARAMETER_CASES[1:2], 2)
-    assert tied.max_abs_diff["tied weight"] > 1e-4, "a shared weight with a hook per module"
+    # (the shared-weight case has no such test: the plausible slips there, a weight listed or hooked twice,
+    # stay correct when the bookkeeping is keyed by the parameter, as the lab's skeleton suggests)
 
 
 def test_trace_overlap_tells_overlap_from_waiting_for_the_end():
