@@ -13,7 +13,8 @@ optimizer step. Three things are graded, each from evidence the grader collects 
 - :func:`trace_overlap`: the order of "all-reduce launched" and "gradient ready" in one step, seen
   by the grader's own gradient hooks (registered before the student's class is built) and by a
   dispatch mode that sees every collective reaching torch's dispatcher
-  (:mod:`gpulab.parallel.ddp.trace`); nothing the student's object says about itself is used;
+  (:mod:`gpulab.parallel.ddp.trace`); nothing the student's object says about itself is used
+  (gloo CPU ranks on every machine);
 - :func:`check_bucketing_speedup`: the bucketed class against the student's own per-parameter
   class, timed side by side in one launch of gloo CPU ranks (the same on every machine), with
   the same-run fallback of :mod:`gpulab.grading.speedup`.
@@ -209,8 +210,13 @@ class OverlapTrace:
 
 def trace_overlap(make: Callable, bucket_size_mb: float | None = OVERLAP_BUCKET_MB, world_size: int = 2, *,
                   timeout: float = 60) -> OverlapTrace:
-    """Trace one step of ``make(module[, bucket_size_mb])`` on a 7-layer MLP, on every rank (one launch)."""
-    per_rank = launch(_overlap_rank, world_size, args=(make, bucket_size_mb, OVERLAP_CFG), timeout=timeout, echo=False)
+    """Trace one step of ``make(module[, bucket_size_mb])`` on a 7-layer MLP, on every rank (one launch).
+
+    The ranks are gloo CPU processes on every machine: the order of the events is a property of the
+    student's code, and this is the set-up where the recorder is verified to see every collective.
+    """
+    per_rank = launch(_overlap_rank, world_size, args=(make, bucket_size_mb, OVERLAP_CFG), backend="gloo",
+                      timeout=timeout, echo=False)
     params = list(deep_mlp(OVERLAP_CFG.width, OVERLAP_CFG.depth).parameters())
     plan = None if bucket_size_mb is None else len(bucket_assignment(params, bucket_size_mb))
     return OverlapTrace(per_rank, len(params), params[-2].numel(), plan)
