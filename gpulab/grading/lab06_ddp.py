@@ -224,7 +224,10 @@ def trace_overlap(make: Callable, bucket_size_mb: float | None = OVERLAP_BUCKET_
 
 # --- speed: bucketed vs per parameter, side by side ----------------------------------------------
 
-SPEED_CFG = StepTimingConfig(width=256, depth=24, batch_size=64, num_steps=12, warmup=2, bucket_size_mb=1.0)
+# 33 Linear layers of 128 features (66 gradient tensors, 2.1 MB; 3 buckets of 1 MB): small layers, so that
+# the per-call cost bucketing removes is most of the difference. Measured on 2 loaded cores (6 runs each):
+# your-style classes 2.05-4.5x here, 1.45-2.2x on lab 06's 256-wide plot model; the check asks for 1.3x.
+SPEED_CFG = StepTimingConfig(width=128, depth=32, batch_size=64, num_steps=12, warmup=2, bucket_size_mb=1.0)
 
 
 def measure_bucketing_speedup(per_parameter: Callable, bucketed: Callable, world_size: int = 2, *,
