@@ -139,7 +139,7 @@ def plot_sync_timeline(traces: dict[str, list[SyncEvent]], ax: Any = None, title
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.9 + 0.8 * len(traces)))
+        _, ax = plt.subplots(figsize=(9, 1.3 + 0.8 * len(traces)))
     biggest = max((e.numel for evs in traces.values() for e in evs if e.kind == "all_reduce"), default=1) or 1
     for row, (name, events) in enumerate(traces.items()):
         y = len(traces) - 1 - row
@@ -155,5 +155,6 @@ def plot_sync_timeline(traces: dict[str, list[SyncEvent]], ax: Any = None, title
     ax.set_yticks(range(len(traces)), list(reversed(list(traces))))
     ax.set_xlabel("ms since backward() started")
     ax.set_title(title or "one training step: when each all-reduce starts")
-    ax.legend(fontsize=7, loc="upper right", ncol=2)
+    ax.set_ylim(-0.6, len(traces) - 0.4)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=4, frameon=False)  # below: rows stay clear
     return ax
