@@ -5,7 +5,8 @@
 - ``sampler``: DistributedSampler, padded and unpadded;
 - ``allreduce``: gradient averaging after backward (``NaiveDDP``) and per parameter during backward
   (``OverlappedDDP``); ``bucketed``: in buckets during backward (``BucketedDDP``); ``wrapper``: what they share;
-- ``amp``: mixed precision with torch.amp; ``timing``: step times per strategy;
+- ``amp``: mixed precision with torch.amp (bf16, or fp16 + GradScaler); ``timing``: step times per strategy;
+  ``trace``: when each all-reduce starts, against the gradients backward produces;
 - ``examples``: the small workloads the lab trains;
 - ``failures``: what a failed launch reports and whom it blames; ``_watchdog``: no rank outlives its caller.
 
