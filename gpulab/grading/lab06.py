@@ -7,7 +7,9 @@ may come from a notebook cell), trains a few steps, and returns what a grader co
   against single-process SGD on the full batch (DDP's definition of correct);
 - :func:`compare_amp_steps`: a mixed-precision step under torch DDP against :func:`amp_step`;
 - :func:`check_ddp_wrapping`: a ``wrap_fn(model, device, example_inputs)`` on a model with an unused
-  branch and on one without, against single-process training.
+  branch and on one without, against single-process training;
+- the student's DDP classes (per parameter, bucketed): equality, overlap and speed, in
+  :mod:`gpulab.grading.lab06_ddp` (re-exported here).
 
 ``forbidden`` (gpulab's reference functions) is checked *inside* the ranks with
 :func:`gpulab.grading.check_not_calling`: the work happens there, not in the caller.
@@ -15,6 +17,7 @@ may come from a notebook cell), trains a few steps, and returns what a grader co
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -22,14 +25,23 @@ import torch
 from torch import nn
 
 from gpulab import grading
+from gpulab.grading.lab06_ddp import (
+    BUCKETED_CASES,
+    PER_PARAMETER_CASES,
+    check_bucketing_speedup,
+    check_ddp_class,
+    measure_bucketing_speedup,
+    trace_overlap,
+)
 from gpulab.models import MLP
 from gpulab.parallel.ddp.allreduce import (
     NaiveDDP,
+    OverlappedDDP,
     allreduce_gradients,
-    bucket_assignment,
     unused_parameters,
 )
 from gpulab.parallel.ddp.amp import amp_step, make_grad_scaler
+from gpulab.parallel.ddp.bucketed import BucketedDDP, _Bucket, bucket_assignment
 from gpulab.parallel.ddp.examples import (
     BranchyNet,
     example_data,
@@ -38,11 +50,38 @@ from gpulab.parallel.ddp.examples import (
 from gpulab.parallel.ddp.launch import launch
 from gpulab.parallel.ddp.sampler import DistributedSampler
 from gpulab.parallel.ddp.startup import rank_device
+from gpulab.parallel.ddp.wrapper import DataParallelWrapper, at_end_of_backward
 
-__all__ = ["SyncCheck", "compare_with_single_process", "compare_amp_steps", "check_ddp_wrapping", "REFERENCES"]
+__all__ = ["SyncCheck", "compare_with_single_process", "compare_amp_steps", "check_ddp_wrapping", "REFERENCES",
+           "PER_PARAMETER_CASES", "BUCKETED_CASES", "check_ddp_class", "trace_overlap", "measure_bucketing_speedup",
+           "check_bucketing_speedup"]
 
-# gpulab's reference implementations of lab 06's exercises (the ``forbidden`` of check_not_calling)
-REFERENCES: tuple = (DistributedSampler, allreduce_gradients, NaiveDDP, bucket_assignment, unused_parameters, amp_step)
+def _functions(*refs: Any) -> tuple:
+    """The plain functions behind ``refs``: a function itself; a class's own methods (and its gpulab
+    bases'), each unwrapped. Listing a class would also list what its MRO brings (``typing.Generic``'s
+    methods) and what decorators put there (``contextmanager``'s ``helper``, shared by every context
+    manager in torch), which torch itself calls: a correct student would then be caught."""
+    out = []
+    for ref in refs:
+        if not isinstance(ref, type):
+            out.append(inspect.unwrap(ref))
+            continue
+        for klass in ref.__mro__:
+            if not klass.__module__.startswith("gpulab"):
+                continue
+            for member in vars(klass).values():
+                member = getattr(member, "__func__", getattr(member, "fget", member))  # static/class methods, properties
+                member = inspect.unwrap(member) if callable(member) else member
+                if hasattr(member, "__code__") and member not in out:
+                    out.append(member)
+    return tuple(out)
+
+
+# gpulab's reference implementations of lab 06's exercises (the ``forbidden`` of check_not_calling), as
+# functions: the DDP wrappers' methods, their base class's and helpers too, so that subclassing or calling
+# into them is caught
+REFERENCES: tuple = _functions(DistributedSampler, allreduce_gradients, NaiveDDP, OverlappedDDP, BucketedDDP, _Bucket,
+                               DataParallelWrapper, at_end_of_backward, bucket_assignment, unused_parameters, amp_step)
 
 def _model(sizes: Sequence[int]) -> nn.Module:
     torch.manual_seed(0)

@@ -3,8 +3,10 @@
 - ``launch`` starts ranks, even from a notebook (``startup`` holds its backend, device, thread and
   port choices; ``_worker`` is the rank's side);
 - ``sampler``: DistributedSampler, padded and unpadded;
-- ``allreduce``: gradient averaging, per parameter (``NaiveDDP``) and bucketed (``BucketedDDP``);
-- ``amp``: mixed precision with torch.amp; ``timing``: step times per strategy;
+- ``allreduce``: gradient averaging after backward (``NaiveDDP``) and per parameter during backward
+  (``OverlappedDDP``); ``bucketed``: in buckets during backward (``BucketedDDP``); ``wrapper``: what they share;
+- ``amp``: mixed precision with torch.amp (bf16, or fp16 + GradScaler); ``timing``: step times per strategy;
+  ``trace``: when each all-reduce starts, against the gradients backward produces;
 - ``examples``: the small workloads the lab trains;
 - ``failures``: what a failed launch reports and whom it blames; ``_watchdog``: no rank outlives its caller.
 
@@ -16,6 +18,7 @@ counted from the tensors each rank holds), ``accumulation`` (no_sync and countin
 from gpulab.parallel.ddp.allreduce import (
     BucketedDDP,
     NaiveDDP,
+    OverlappedDDP,
     allreduce_gradients,
     bucket_assignment,
     unused_parameters,
@@ -35,6 +38,6 @@ from gpulab.parallel.ddp.timing import StepTimingConfig, summarize_step_times, t
 __all__ = [
     "launch", "RankFailedError", "LaunchTimeoutError", "rank_device", "resolve_backend", "threads_per_rank",
     "DistributedSampler", "UnpaddedDistributedSampler", "distributed_accuracy", "epoch_orders",
-    "NaiveDDP", "BucketedDDP", "ShardedOptimizer", "allreduce_gradients", "bucket_assignment", "unused_parameters",
+    "NaiveDDP", "OverlappedDDP", "BucketedDDP", "ShardedOptimizer", "allreduce_gradients", "bucket_assignment", "unused_parameters",
     "amp_settings", "amp_step", "make_grad_scaler", "StepTimingConfig", "summarize_step_times", "time_sync_strategies",
 ]

@@ -5,13 +5,21 @@ mixed precision and a DDP that tolerated some models; both are deprecated. Today
 ``torch.autocast`` + ``torch.amp.GradScaler`` + ``torch.nn.parallel.DistributedDataParallel``
 (with ``find_unused_parameters=True`` for models with branches that some steps skip).
 
-- On a GPU, autocast runs matmuls and convolutions in float16, and the GradScaler multiplies the
-  loss before backward so small float16 gradients do not flush to zero, then un-scales them (and
-  skips the step if any overflowed).
-- On a CPU, autocast uses bfloat16: it has float32's exponent range, so gradients do not
-  underflow and no scaler is needed (the scaler is created disabled and is a no-op).
+Which 16-bit type:
 
-Parameters and optimizer state stay float32 throughout; only the forward's compute is cheaper.
+- **bfloat16** has float32's 8-bit exponent (and a 7-bit mantissa): anything float32 can hold,
+  bf16 can hold roughly, so gradients do not underflow and **no loss scaling** is needed. It is
+  the default where the hardware computes it natively: CPUs, and NVIDIA GPUs from Ampere on
+  (compute capability 8.0: A100, RTX 30xx, H100, ...).
+- **float16** has a 5-bit exponent: values below about 6e-8 flush to zero, and small gradients
+  do. It needs ``torch.amp.GradScaler``, which multiplies the loss before backward, un-scales the
+  gradients before the step, and skips a step whose gradients overflowed. Use it on older GPUs
+  (Volta V100, Turing T4: no native bf16), or where a library needs fp16.
+
+PyTorch's AMP documentation ("Automatic Mixed Precision package - torch.amp", and its
+"CUDA Automatic Mixed Precision examples" page) describes both; its gradient-scaling section says
+scaling is needed for float16 because of its range. Parameters and optimizer state stay float32
+throughout; only the forward's compute is cheaper.
 """
 
 from __future__ import annotations
@@ -34,30 +42,45 @@ class AmpSettings:
     use_scaler: bool
 
 
-def amp_settings(device: torch.device | str) -> AmpSettings:
-    """float16 + GradScaler on CUDA, bfloat16 without a scaler elsewhere (the CPU)."""
+def amp_settings(device: torch.device | str, dtype: torch.dtype | None = None) -> AmpSettings:
+    """The 16-bit type for ``device``, and whether it needs a GradScaler (only float16 does).
+
+    Args:
+        device: where the forward runs.
+        dtype: force ``torch.bfloat16`` or ``torch.float16``; default: bfloat16 on a CPU and on a
+            GPU of compute capability 8.0 or more (Ampere and newer), else float16.
+
+    Warning:
+        The default on a CUDA device reads its compute capability, which initialises CUDA in
+        this process: call it inside a rank, not in a notebook that will fork ranks afterwards.
+    """
     device = torch.device(device)
-    if device.type == "cuda":
-        return AmpSettings("cuda", torch.float16, True)
-    return AmpSettings(device.type, torch.bfloat16, False)
+    if dtype is None:
+        native_bf16 = device.type != "cuda" or torch.cuda.get_device_properties(device).major >= 8
+        dtype = torch.bfloat16 if native_bf16 else torch.float16
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16 (mixed precision), got {dtype}")
+    return AmpSettings(device.type, dtype, dtype == torch.float16)
 
 
-def make_grad_scaler(device: torch.device | str) -> torch.amp.GradScaler:
-    """A GradScaler that is enabled only where :func:`amp_settings` asks for one."""
-    s = amp_settings(device)
+def make_grad_scaler(device: torch.device | str, dtype: torch.dtype | None = None) -> torch.amp.GradScaler:
+    """A GradScaler that is enabled only where :func:`amp_settings` asks for one (float16)."""
+    s = amp_settings(device, dtype)
     return torch.amp.GradScaler(s.device_type, enabled=s.use_scaler)
 
 
 def amp_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Callable,
-             optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, device: torch.device | str) -> torch.Tensor:
+             optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, device: torch.device | str,
+             dtype: torch.dtype | None = None) -> torch.Tensor:
     """One mixed-precision training step; returns the (detached, float32) loss.
 
     The loss is computed inside autocast, ``scaler.scale(loss).backward()`` runs outside it (the
     backward ops follow the forward's dtypes by themselves), then ``scaler.step`` and
     ``scaler.update`` replace ``optimizer.step()``. With a DDP model the gradient all-reduce
-    happens during that backward, on the (un-scaled later) float32 gradients.
+    happens during that backward, on the (un-scaled later) float32 gradients. ``scaler`` must
+    match the dtype: enabled for float16 (:func:`make_grad_scaler`).
     """
-    s = amp_settings(device)
+    s = amp_settings(device, dtype)
     optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device_type=s.device_type, dtype=s.dtype):
         loss = loss_fn(model(inputs), targets)

@@ -1,4 +1,5 @@
-"""Small workloads for lab 06: a fixed data set, plain SGD steps, and a model with an unused branch.
+"""Small workloads for lab 06: a fixed data set, plain SGD steps, a model with an unused branch, and
+one with a tied weight.
 
 :func:`torch_ddp_steps` is a rank body for :func:`gpulab.parallel.launch`: it trains
 :class:`BranchyNet` under ``torch.nn.parallel.DistributedDataParallel`` so the lab can show what
@@ -15,7 +16,8 @@ from torch import nn
 
 from gpulab.parallel.ddp.startup import rank_device
 
-__all__ = ["NUM_SAMPLES", "example_data", "sgd_steps", "BranchyNet", "torch_ddp_steps"]
+__all__ = ["NUM_SAMPLES", "example_data", "token_data", "sgd_steps", "BranchyNet", "TiedEmbeddingNet",
+           "torch_ddp_steps"]
 
 NUM_SAMPLES = 24  # divisible by 1, 2, 3, 4, 6, 8 ranks: equal shards, so mean of means = full mean
 
@@ -24,6 +26,12 @@ def example_data(sizes: Sequence[int], seed: int = 1) -> tuple[torch.Tensor, tor
     """``NUM_SAMPLES`` inputs of width ``sizes[0]`` and class targets below ``sizes[-1]``, fixed by ``seed``."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(NUM_SAMPLES, sizes[0], generator=g), torch.randint(0, sizes[-1], (NUM_SAMPLES,), generator=g)
+
+
+def token_data(vocab_size: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``NUM_SAMPLES`` input tokens and next-token targets below ``vocab_size``, fixed by ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (NUM_SAMPLES,), generator=g), torch.randint(0, vocab_size, (NUM_SAMPLES,), generator=g)
 
 
 def sgd_steps(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, num_steps: int, lr: float,
@@ -58,6 +66,28 @@ class BranchyNet(nn.Module):
         h = self.trunk(x)
         out = self.head(h)
         return out + 0.5 * self.aux_head(h) if self.use_aux else out
+
+
+class TiedEmbeddingNet(nn.Module):
+    """A token embedding whose weight is also the output layer's: one parameter shared by two modules
+    (GPT-2 ties them this way).
+
+    ``model.parameters()`` lists the shared weight once; walking ``model.modules()`` meets it twice,
+    and a hook registered once per module would fire twice. Its two uses add up in one ``.grad``:
+    ``register_post_accumulate_grad_hook`` fires once per backward pass, after both.
+    """
+
+    def __init__(self, vocab_size: int = 16, dim: int = 12) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.head.weight = self.embed.weight  # (vocab_size, dim): the same Parameter in both modules
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mix(self.embed(tokens)))  # (B, dim)
+        return self.head(h)  # (B, vocab_size)
 
 
 def torch_ddp_steps(rank: int, world_size: int, find_unused_parameters: bool, use_aux: bool = False,

@@ -6,8 +6,13 @@ weights), then runs their steps *interleaved* by gpulab's one timer
 torch DDP, naive, ...), so a busy machine slows them all alike and their ratio stays meaningful.
 Each timed step starts after a barrier, so it measures the step, not how late the other rank arrived.
 
-    results = launch(time_sync_strategies, 2, args=(["naive", "bucketed", "torch_ddp"], StepTimingConfig()))
+    results = launch(time_sync_strategies, 2, args=(["naive", "overlapped", "bucketed", "torch_ddp"], StepTimingConfig()))
     summarize_step_times(results)        # {"naive": 0.21, "bucketed": 0.05, ...} seconds per step
+
+A strategy is a name (``naive``, ``overlapped``, ``bucketed``, ``torch_ddp``, ``local``) or a tuple:
+``(name, sync_fn)`` calls ``sync_fn(model, world_size)`` after backward; ``(name, "wrap", wrap_fn)``
+trains ``wrap_fn(model)`` (a wrapper with ``finish()``, called after backward: a student's DDP
+class); ``(name, "bucketed", assign_fn)`` is BucketedDDP with that bucket plan.
 
 The model is an MLP of many small layers: each layer's weight is one gradient tensor, so it shows
 the fixed cost per all-reduce call that buckets remove. ``benchmarks/ddp.py`` prints the figures.
@@ -24,7 +29,8 @@ import torch.distributed as dist
 from torch import nn
 
 from gpulab.models import MLP
-from gpulab.parallel.ddp import BucketedDDP, NaiveDDP
+from gpulab.parallel.ddp.allreduce import NaiveDDP, OverlappedDDP
+from gpulab.parallel.ddp.bucketed import BucketedDDP
 from gpulab.parallel.ddp.startup import rank_device
 from gpulab.profiling.interleave import time_interleaved
 
@@ -66,34 +72,36 @@ def _wrap(spec: Any, model: nn.Module, cfg: StepTimingConfig, world_size: int, d
         name, fn = spec
         return name, model, lambda: fn(model, world_size)
     if isinstance(spec, tuple) and len(spec) == 3 and spec[1] == "bucketed":  # (name, "bucketed", assign_fn)
-        return spec[0], BucketedDDP(model, bucket_size_mb=cfg.bucket_size_mb, assign_buckets=spec[2]), lambda: None
-    if spec == "naive":
-        m = NaiveDDP(model)
-        return spec, m, m.sync_gradients
-    if spec == "bucketed":
-        return spec, BucketedDDP(model, bucket_size_mb=cfg.bucket_size_mb), lambda: None
+        m = BucketedDDP(model, bucket_size_mb=cfg.bucket_size_mb, assign_buckets=spec[2])
+        return spec[0], m, m.finish
+    if isinstance(spec, tuple) and len(spec) == 3 and spec[1] == "wrap":  # (name, "wrap", wrap_fn): has finish()
+        m = spec[2](model)
+        return spec[0], m, m.finish
+    if spec in ("naive", "overlapped", "bucketed"):
+        m = {"naive": NaiveDDP, "overlapped": OverlappedDDP}[spec](model) if spec != "bucketed" \
+            else BucketedDDP(model, bucket_size_mb=cfg.bucket_size_mb)
+        return spec, m, m.finish
     if spec == "torch_ddp":
         ids = [device.index] if device.type == "cuda" else None  # CPU modules take no device_ids
         return spec, nn.parallel.DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=cfg.bucket_size_mb), lambda: None
     if spec == "local":  # no synchronisation at all: the compute-only floor
         return spec, model, lambda: None
-    raise ValueError(f"unknown strategy {spec!r}; use 'naive', 'bucketed', 'torch_ddp', 'local', "
-                     "(name, sync_fn) or (name, 'bucketed', assign_buckets_fn)")
+    raise ValueError(f"unknown strategy {spec!r}; use 'naive', 'overlapped', 'bucketed', 'torch_ddp', 'local', "
+                     "(name, sync_fn), (name, 'wrap', wrap_fn) or (name, 'bucketed', assign_buckets_fn)")
 
 
-def time_sync_strategies(rank: int, world_size: int, strategies: Sequence[str | tuple[str, Callable]],
-                         cfg: StepTimingConfig | None = None) -> dict[str, list[float]]:
+def time_sync_strategies(rank: int, world_size: int, strategies: Sequence[str | tuple],
+                         cfg: StepTimingConfig | None = None, *, cpu: bool = False) -> dict[str, list[float]]:
     """Rank body: seconds per training step for each strategy (run it with ``launch``).
 
     Args:
         rank, world_size: as passed by :func:`gpulab.parallel.ddp.launch`.
-        strategies: names from ``naive``, ``bucketed``, ``torch_ddp``, ``local``; ``(name, fn)``
-            where ``fn(model, world_size)`` averages the gradients after backward; or
-            ``(name, "bucketed", assign_fn)``: BucketedDDP grouping parameters with ``assign_fn``.
+        strategies: see the module docstring.
         cfg: sizes and step counts.
+        cpu: also return this rank's CPU seconds per step, under ``"cpu:" + name``.
 
     Returns:
-        ``{name: [seconds per timed step]}`` measured on this rank.
+        ``{name: [seconds per timed step]}`` measured on this rank (and ``{"cpu:" + name: [...]}``).
     """
     cfg = cfg or StepTimingConfig()
     device = rank_device(rank)
@@ -114,7 +122,7 @@ def time_sync_strategies(rank: int, world_size: int, strategies: Sequence[str | 
     # Every rank runs the same rounds in the same (rotating) order, so their collectives match.
     timings = time_interleaved({name: _step(*run, inputs, targets, device) for name, run in runs.items()},
                                repeats=cfg.num_steps, warmup=cfg.warmup, before_each=before_each)
-    return timings.wall
+    return {**timings.wall, **({f"cpu:{n}": t for n, t in timings.cpu.items()} if cpu else {})}
 
 
 def _step(model: nn.Module, sync: Callable[[], Any], opt: torch.optim.Optimizer, inputs: torch.Tensor,
@@ -133,5 +141,5 @@ def _step(model: nn.Module, sync: Callable[[], Any], opt: torch.optim.Optimizer,
 
 def summarize_step_times(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:
     """Median over steps of the slowest rank's step time (a step ends when the last rank ends)."""
-    names = per_rank[0]
+    names = [n for n in per_rank[0] if not n.startswith("cpu:")]
     return {n: statistics.median(max(r[n][i] for r in per_rank) for i in range(len(per_rank[0][n]))) for n in names}

@@ -85,8 +85,11 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
     model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    amp_dtype = torch.float16 if use_cuda else torch.bfloat16  # bf16 needs no loss scaling
-    scaler = torch.amp.GradScaler(device.type, enabled=use_cuda)
+    # bf16 has float32's range: no loss scaling. GPUs before Ampere (compute capability < 8) have no
+    # native bf16: float16 there, with a GradScaler so that small gradients do not flush to zero.
+    fp16 = use_cuda and torch.cuda.get_device_properties(device).major < 8
+    amp_dtype = torch.float16 if fp16 else torch.bfloat16
+    scaler = torch.amp.GradScaler(device.type, enabled=fp16)
     loss_fn = nn.CrossEntropyLoss()
 
     history = []

@@ -1,7 +1,8 @@
-"""gpulab.parallel.ddp.amp: AMP on the CPU is bfloat16 without a grad scaler."""
+"""gpulab.parallel.ddp.amp: AMP on the CPU is bfloat16 without a grad scaler; float16 asks for one."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -13,7 +14,7 @@ from .nets import Net, _data
 def test_amp_on_cpu_is_bf16_without_a_scaler():
     s = amp_settings("cpu")
     assert s.dtype == torch.bfloat16 and not s.use_scaler
-    assert amp_settings("cuda").dtype == torch.float16 and amp_settings("cuda").use_scaler
+    assert amp_settings("cuda", torch.float16).use_scaler and not amp_settings("cuda", torch.bfloat16).use_scaler
     model = Net()
     seen = []
     model.out.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
@@ -34,3 +35,19 @@ def test_amp_on_cpu_is_bf16_without_a_scaler():
     again = Net()
     amp_step(again, x, y, nn.functional.cross_entropy, torch.optim.SGD(again.parameters(), lr=0.3), scaler, "cpu")
     torch.testing.assert_close(again.out.weight, ref.out.weight, atol=2e-2, rtol=0)
+
+
+def test_float16_on_the_cpu_gets_an_enabled_scaler_and_bad_dtypes_are_named():
+    s = amp_settings("cpu", torch.float16)
+    assert s.dtype == torch.float16 and s.use_scaler
+    assert make_grad_scaler("cpu", torch.float16).is_enabled()
+    with pytest.raises(ValueError, match="bfloat16 or torch.float16"):
+        amp_settings("cpu", torch.float32)
+
+
+@pytest.mark.gpu
+def test_cuda_default_follows_the_compute_capability():
+    major = torch.cuda.get_device_properties(0).major
+    s = amp_settings("cuda:0")
+    assert s.dtype == (torch.bfloat16 if major >= 8 else torch.float16)
+    assert s.use_scaler == (major < 8)
