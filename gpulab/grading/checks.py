@@ -15,6 +15,7 @@ Example (a test cell)::
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 from typing import Any, Callable, Iterable, Sequence
@@ -180,7 +181,9 @@ def catch(
 
 def _code_objects(obj: Any) -> set[Any]:
     """Code objects of a function, a bound method, or every method defined on a class."""
-    obj = getattr(obj, "__func__", obj)
+    # decorators that keep ``__wrapped__`` (functools.wraps, @contextmanager) share their wrapper's code
+    # with every function they decorate, the student's too: the reference's own code is the wrapped one
+    obj = inspect.unwrap(getattr(obj, "__func__", obj))
     if hasattr(obj, "__code__"):
         return {obj.__code__}
     if isinstance(obj, type):
@@ -194,6 +197,8 @@ def _code_objects(obj: Any) -> set[Any]:
                 member = getattr(member, "__func__", member)
                 if isinstance(member, property):
                     member = member.fget
+                if callable(member):
+                    member = inspect.unwrap(member)
                 if hasattr(member, "__code__"):
                     codes.add(member.__code__)
         return codes

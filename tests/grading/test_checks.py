@@ -154,3 +154,26 @@ def test_compare_speed_orders_a_slow_and_a_fast_callable() -> None:
     assert "speedup" in str(cmp)
     with pytest.raises(ValueError):
         grading.compare_speed(slow, fast, repeats=0)
+
+
+def test_a_contextmanager_in_a_reference_does_not_forbid_every_contextmanager() -> None:
+    """@contextmanager wraps every generator in contextlib's one ``helper`` function: a reference with a
+    ``no_sync()`` context manager forbids its own generator, not contextlib's shared wrapper."""
+    from contextlib import contextmanager
+
+    class ReferenceWrapper:
+        @contextmanager
+        def no_sync(self):
+            yield "reference"
+
+    def student():
+        @contextmanager
+        def mine():
+            yield 2
+
+        with mine() as v:
+            return v
+
+    assert grading.check_not_calling(student, forbidden=[ReferenceWrapper]) == 2
+    with pytest.raises(GradingError, match="ReferenceWrapper"):
+        grading.check_not_calling(lambda: ReferenceWrapper().no_sync().__enter__(), forbidden=[ReferenceWrapper])
