@@ -272,6 +272,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--read", action="append", default=[], help="a folder beneath a --no-read one that stays readable")
     p.add_argument("--no-scope", action="store_true", help="let the process signal processes outside the jail")
     p.add_argument("--audit-log", default=None, help="JSON lines of refused writes")
+    p.add_argument("--home", default=None, help="the kernel's HOME (a folder it may write in)")
+    p.add_argument("--oom-first", action="store_true", help="be the first process the OOM killer takes")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- -m module args... | -- program args...")
     return p
 
@@ -290,6 +292,14 @@ def main(argv: list[str] | None = None) -> None:
             os.write(log_fd, (json.dumps(entry) + "\n").encode())
 
     set_limits(args.memory_mb, args.memory_rlimit, args.fsize_mb)
+    if args.home:
+        os.environ["HOME"] = args.home
+    if args.oom_first:  # the kernel, not nbgrader, goes first when the cgroup runs out (raising needs no right)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
     landlock = landlock_restrict_writes(writable) if args.write else False
     unreadable = [os.path.realpath(p) for p in args.no_read]
     readable = [os.path.realpath(p) for p in args.read]

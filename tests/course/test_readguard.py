@@ -22,3 +22,15 @@ def test_readable_paths_grant_everything_but_the_denied_folders(tmp_path: Path) 
     assert "/usr" in grant
     with pytest.raises(ValueError, match="could not load Python"):
         readable_paths(["/"])
+
+
+def test_repository_secrets_name_git_and_every_checkouts_course(tmp_path: Path) -> None:
+    from gpulab.course.readguard import repository_secrets
+    repo = Path(__file__).resolve().parents[2]
+    # a course copied outside any repository still hides the checkout gpulab runs from
+    found = repository_secrets(tmp_path)
+    if not (repo / ".git").exists():
+        pytest.skip("gpulab is not running from a git checkout")
+    assert repo / ".git" in found and repo / "notebooks" in found
+    assert any(p.name == ".git" and p.is_dir() for p in found)  # the repository's own git folder
+    assert repo / "gpulab" not in found and all(not (repo / "gpulab").is_relative_to(p) for p in found)
