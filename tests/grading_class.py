@@ -22,6 +22,7 @@ from gpulab.course.release import release
 
 LAB = "00_setup"
 MAX_SCORE = 8.0
+REPO = str(Path(__file__).resolve().parents[1])  # the checkout: its .git and notebooks/source hold the answers
 
 
 @dataclass
@@ -47,7 +48,7 @@ WRONG_BACKEND = '''def choose_backend(machine, world_size):
     return "nccl" if machine.usable_gpus >= world_size else "gloo"   # forgets machine.nccl
 '''
 ESCAPE = '''import os, pathlib
-for target in [{course!r} + "/ESCAPED.txt", "../../../ESCAPED.txt"]:
+for target in [{course!r} + "/ESCAPED.txt", {repo!r} + "/ESCAPED.txt", "../../../ESCAPED.txt"]:
     try:
         pathlib.Path(target).write_text("owned")
     except OSError as err:
@@ -253,7 +254,7 @@ for cmd in (["git", "-C", {repo!r}, "show", "HEAD:notebooks/source/00_setup/00_s
 def attack_cases(course: Path, terminal: str, tag: str) -> dict[str, Case]:
     """The resource and escape attacks of issue 15 (OS isolation). ``terminal`` is a terminal the
     grader holds (a TIOCSTI target); ``tag`` marks what the attacks leave (a file name, a sleep)."""
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = REPO
     full = "\n{solution}"
     return {
         "fork_bomb": Case(answers={"to_device_impl": FORK_BOMB + full}, note=r"hit the cap of \d+ processes"),
@@ -293,7 +294,7 @@ def cases(course: Path) -> dict[str, Case]:
                         note=r"the kernel died in cell \d+ \(choose_backend_impl\)"),
         "sigkill": Case(answers={"triage_impl": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"}, score=6,
                         note=r"the kernel died in cell \d+ \(triage_impl\)"),
-        "escapee": Case(answers={"to_device_impl": ESCAPE.format(course=str(course)) + "\n{solution}"},
+        "escapee": Case(answers={"to_device_impl": ESCAPE.format(course=str(course), repo=REPO) + "\n{solution}"},
                         note=r"tried to write outside its folder: .*/ESCAPED.txt, <grading copy>/ESCAPED.txt \(refused\)"),
         "peeker": Case(answers={"choose_backend_impl": PEEK.format(course=str(course)) + "\n{solution}"},
                        note=r"tried to read the instructor's files: .*/source/00_setup/00_setup.ipynb, "

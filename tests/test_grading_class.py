@@ -178,7 +178,9 @@ def test_writes_outside_the_folder_never_reach_the_course(graded) -> None:
     course = graded[0]
     if not landlock_abi():
         pytest.skip("no Landlock on this kernel: only Python-level writes are refused")
+    from grading_class import REPO
     assert not (course / "ESCAPED.txt").exists(), "the audit hook / Landlock let a Python write through"
+    assert not Path(REPO, "ESCAPED.txt").exists(), "the audit hook / Landlock let a write into the checkout through"
     assert not (course / "ESCAPED_SHELL.txt").exists(), "Landlock let a shell write through"
 
 

@@ -214,6 +214,11 @@ def _descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
+def _closest(path: str, folders: Sequence[str]) -> int:
+    """The length of the longest of ``folders`` that ``path`` is (beneath); -1 for none."""
+    return max((len(f) for f in folders if is_beneath(path, (f,))), default=-1)
+
+
 def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
                unreadable: Sequence[str] = (), readable: Sequence[str] = ()) -> Callable[[str, tuple], None]:
     """An audit hook that refuses (``PermissionError``) and logs Python-level writes outside
@@ -237,7 +242,7 @@ def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
             if not writing:
                 if hidden and path is not None and not isinstance(path, int):
                     real = os.path.realpath(os.fsdecode(path))
-                    if is_beneath(real, hidden) and not is_beneath(real, allowed):
+                    if _closest(real, hidden) > _closest(real, allowed):  # the most specific rule wins
                         log({"event": "read", "path": real})
                         raise PermissionError(f"gpulab grading sandbox: reading {real} is not allowed; a lab "
                                               f"reads its own folder, gpulab and the libraries, not the course")
