@@ -37,7 +37,7 @@ def _alive(pid: int) -> bool:
 def test_cgroup_caps_the_kernels_processes_and_kills_the_whole_group() -> None:
     group = cgroups.Group(PLAN.cgroups, pids_max=64, memory_bytes=512 * 2**20)
     # joins the kernel leaf as a kernel does, forks until refused, then leaves its children sleeping
-    code = f"""
+    code = """
 import os, time
 born = 0
 for _ in range(200):
