@@ -64,6 +64,7 @@ class Plan:
     namespaces: bool = False
     why_not_namespaces: str = ""
     kernel_uid: bool = False          # the kernel drops to a uid of its own (grader is root)
+    why_not_kernel_uid: str = ""
     cgroups: cgroups.Support = field(default_factory=cgroups.Support)
     landlock: int = 0
     landlock_needed: bool = True      # some file rule is on (writes or reads confined)
@@ -78,7 +79,7 @@ class Plan:
         """Every protection, in force or not, with how (or why not)."""
         if self.root:
             ident = Layer("kernel identity", self.kernel_uid, "a uid of its own with no capabilities (setpriv)"
-                          if self.kernel_uid else "the grader is root and util-linux setpriv is missing")
+                          if self.kernel_uid else self.why_not_kernel_uid or "not tried")
         else:
             ident = Layer("kernel identity", self.namespaces, "a user namespace (the grader's uid outside, no "
                           "capabilities)" if self.namespaces else self.why_not_namespaces)
@@ -121,33 +122,65 @@ def _unshare_flags(root: bool) -> list[str]:
     return UNSHARE_NS if root else ["--user", "--map-root-user", *UNSHARE_NS]
 
 
-def _try_namespaces(root: bool) -> str | None:
-    """Start a throw-away set of namespaces with the real init; None when it works, else why not."""
+def kernel_paths() -> list[str]:
+    """What a kernel under a uid of its own must reach: this Python (its installation and the
+    virtual environment) and the checkout gpulab is imported from (resolved, outermost only)."""
+    import gpulab
+
+    paths = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)))}
+    paths.add(str(Path(gpulab.__file__).resolve().parents[1]))
+    paths |= {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    paths = {p for p in paths if os.path.isdir(p)}
+    return sorted(p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths))
+
+
+def _kernel_prefix(uid: int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
+            "--"]
+
+
+def _try(root: bool) -> tuple[str | None, str | None]:
+    """Start a throw-away set of namespaces with the real init and, as root, a Python under an
+    unused uid in it. Returns why the namespaces, and why the kernel's own uid, do not work (None: they do)."""
     if platform.system() != "Linux":
-        return f"Linux namespaces do not exist on {platform.system()}"
+        return f"Linux namespaces do not exist on {platform.system()}", "needs Linux namespaces"
     if shutil.which("unshare") is None:
-        return "util-linux unshare is not installed"
-    cmd = ["unshare", *_unshare_flags(root), "--", sys.executable, "-m", "gpulab.course.nsinit",
-           "--tmp-mb", "1", "--shm-mb", "1", "--", sys.executable, "-c", "pass"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return f"unshare failed: {err}"
+        return "util-linux unshare is not installed", "needs util-linux unshare"
+    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "1", "--shm-mb", "1"]
+    check = [sys.executable, "-c", "import sys, gpulab.course.jail; print(sys.base_prefix)"]
+    proc = _run(["unshare", *_unshare_flags(root), "--", *init, "--", *check])
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or ["no message"])[-1]
         hint = "" if root else " (user namespaces may be disabled: sysctl kernel.unprivileged_userns_clone, " \
                                "kernel.apparmor_restrict_unprivileged_userns)"
-        return f"unshare failed: {why}{hint}"
-    return None
+        return f"unshare failed: {why}{hint}", "needs the namespaces"
+    if not root:
+        return None, None
+    if shutil.which("setpriv") is None:
+        return None, "the grader is root and util-linux setpriv is missing"
+    exposed = [a for p in kernel_paths() for a in ("--expose", p)]
+    proc = _run(["unshare", *_unshare_flags(root), "--", *init, *exposed, "--", *_kernel_prefix(pick_kernel_uid()),
+                 *check])
+    if proc.returncode != 0 or proc.stdout.strip() != sys.base_prefix:
+        why = (proc.stderr.strip().splitlines() or [proc.stdout.strip() or "no message"])[-1]
+        return None, f"this Python cannot run under an unprivileged uid ({why[-160:]})"
+    return None, None
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return subprocess.CompletedProcess(cmd, 1, "", str(err))
 
 
 def detect(confine_writes: bool = True, confine_reads: bool = True) -> Plan:
     """Try every layer on this machine (about 0.2 s) and say which are in force."""
     root = hasattr(os, "geteuid") and os.geteuid() == 0
-    why_ns = _try_namespaces(root)
+    why_ns, why_uid = _try(root)
     linux = platform.system() == "Linux"
     return Plan(root=root, namespaces=why_ns is None, why_not_namespaces=why_ns or "",
-                kernel_uid=root and shutil.which("setpriv") is not None,
+                kernel_uid=root and why_uid is None, why_not_kernel_uid=why_uid or "",
                 cgroups=cgroups.detect() if linux else cgroups.Support(
                     why_not={"pids.max": "no cgroups on this system", "memory": "no cgroups on this system"}),
                 landlock=landlock_abi(), landlock_needed=confine_writes or confine_reads)
@@ -231,6 +264,8 @@ class Submission:
             init += ["--cgroup-procs", procs]
         if report is not None:
             init += ["--report", str(report)]
+        if self.uid is not None:  # the kernel's uid must reach this Python, even under a closed home folder
+            init += [a for p in kernel_paths() for a in ("--expose", p)]
         return ["unshare", *_unshare_flags(self.plan.root), "--", *init, "--", *command]
 
     def join_command(self) -> list[str]:
@@ -244,8 +279,7 @@ class Submission:
         kernel's uid (root) or keep no capability (a user namespace's root)."""
         prefix = _joiner(self.group.procs_files("kernel")) if self.group is not None else []
         if self.uid is not None:
-            return prefix + ["setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
-                             "--inh-caps=-all", "--bounding-set=-all", "--"]
+            return prefix + _kernel_prefix(self.uid)
         if self.plan.userns and shutil.which("setpriv"):
             return prefix + ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
         return prefix

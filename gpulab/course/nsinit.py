@@ -34,7 +34,7 @@ import sys
 from typing import TextIO
 
 # include/uapi/linux/mount.h
-MS_NOSUID, MS_NODEV, MS_BIND = 2, 4, 4096
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 2, 4, 4096, 16384
 # include/uapi/linux/sockios.h and if.h
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -67,6 +67,40 @@ def private_mounts(tmp_mb: int, shm_mb: int) -> None:
         mount("devpts", "/dev/pts", "devpts", MS_NOSUID, "newinstance,ptmxmode=0666,mode=0620")
         if os.path.exists("/dev/ptmx"):
             mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)  # openpty() allocates in the new instance
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The topmost folder above ``path`` that other users cannot pass through (no ``o+x``)."""
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts)):
+        folder = "/" + "/".join(parts[:i])
+        if not os.stat(folder).st_mode & 0o001:
+            return folder
+    return None
+
+
+def expose(paths: list[str]) -> list[str]:
+    """Let a kernel under a uid of its own reach ``paths`` (the Python it runs, gpulab) when a
+    folder above them is closed to other users (``/root`` is 0700, and pyenv installs Python
+    there): over each such folder, mount an empty tmpfs, and bind each path back into it. The
+    rest of that folder (the instructor's home) is then not in the submission's namespace at all.
+    Returns the folders replaced."""
+    closed: dict[str, list[str]] = {}
+    for path in paths:
+        top = _closed_ancestor(path)
+        if top is not None:
+            closed.setdefault(top, []).append(path)
+    for top, inside in closed.items():
+        fds = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside]  # held while the folder is covered
+        try:
+            mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            for path, fd in zip(inside, fds):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        finally:
+            for fd in fds:
+                os.close(fd)
+    return sorted(closed)
 
 
 def run(command: list[str], report_to: TextIO | None) -> int:
@@ -134,6 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tmp-mb", type=int, default=1024)
     p.add_argument("--shm-mb", type=int, default=1024)
     p.add_argument("--no-mounts", action="store_true", help="keep the machine's /tmp and /dev/shm")
+    p.add_argument("--expose", action="append", default=[],
+                   help="a path the kernel's uid must reach through a closed folder (repeat)")
     p.add_argument("--report", default=None, help="write what the submission left here (JSON, nsinit.report)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
@@ -148,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
                 fh.write("0")
         if not args.no_mounts:
             private_mounts(args.tmp_mb, args.shm_mb)
+            expose(args.expose)
         loopback_up()
     except OSError as err:
         print(f"gpulab.course.nsinit: the submission's namespaces could not be set up: {err}", file=sys.stderr)

@@ -60,6 +60,17 @@ def readable_paths(denied: Sequence[str], allowed: Sequence[str] = ()) -> list[s
     stack = ["/"]
     while stack:
         folder = stack.pop()
+        if folder in deny or is_beneath(folder, tuple(deny)):
+            # inside a denied folder, only the way to an allowed path is walked, by name: a kernel
+            # under a uid of its own may pass through the grading folder (0711) but not list it
+            for a in allow:
+                if a != folder and is_beneath(a, (folder,)):
+                    step = os.path.join(folder, os.path.relpath(a, folder).split(os.sep)[0])
+                    if step == a:
+                        grant.append(a)
+                    elif step not in stack:
+                        stack.append(step)
+            continue
         try:
             entries = list(os.scandir(folder))
         except OSError:

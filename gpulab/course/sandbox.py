@@ -210,6 +210,9 @@ def _env(box: Path, limits: Limits, private_tmp: bool = False) -> dict[str, str]
     extra = {"GPULAB_SANDBOX": str(box), "TMPDIR": "/tmp" if private_tmp else str(tmp),
              "MPLCONFIGDIR": str(tmp / "matplotlib"),
              "IPYTHONDIR": str(tmp / "ipython"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+             # the grader's home may be hidden in the submission's namespace (nsinit.expose): the
+             # course's nbgrader_config.py is the configuration, not ~/.jupyter
+             "JUPYTER_CONFIG_DIR": str(tmp / "jupyter"), "JUPYTER_DATA_DIR": str(tmp / "jupyter" / "data"),
              "XDG_CACHE_HOME": str(tmp / "cache"), "TRITON_CACHE_DIR": str(tmp / "cache" / "triton"),
              # torch writes its own choice back into os.environ on first use of torch._dynamo, so a
              # grader process that used it would hand /tmp/torchinductor_<user> to every kernel.
