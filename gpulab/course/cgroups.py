@@ -149,12 +149,13 @@ def detect() -> Support:
     """Find, by trying them, the cgroup trees this process can limit and kill submissions in."""
     sup = Support()
     own = _own_paths()
-    v2 = None
+    v2, v2_top = None, None
     v1_trees: dict[str, Tree] = {}
     for mount, root, fstype, opts in _mounts():
         if fstype == "cgroup2" and "" in own and v2 is None:
             base = _base(mount, root, own[""])
             v2 = Tree(2, base, "unified") if base is not None and base.is_dir() else None
+            v2_top = Path(mount)
         elif fstype == "cgroup":
             for ctrl in ("pids", "memory", "freezer"):
                 if ctrl in opts and ctrl in own and ctrl not in v1_trees:
@@ -162,11 +163,19 @@ def detect() -> Support:
                     if base is not None and base.is_dir():
                         v1_trees[ctrl] = Tree(1, base, ctrl)
     if v2 is not None:
-        why = _enable_v2(v2.base, {"pids", "memory"})
-        if why is None and _try_group(v2, {"pids.max": "64", "memory.max": str(2**30)}) is None:
-            sup.pids = sup.memory = v2
-        else:
-            sup.why_not["pids.max"] = sup.why_not["memory"] = why or "cannot write pids.max and memory.max"
+        # the grader's own cgroup first; as root, the top of the tree when the own one holds
+        # processes (cgroup v2 hands controllers down only from a cgroup without any, the root
+        # excepted): a root grader in a systemd session scope
+        candidates = [v2] + ([Tree(2, v2_top, "unified")] if v2_top != v2.base and os.geteuid() == 0 else [])
+        for tree in candidates:
+            why = _enable_v2(tree.base, {"pids", "memory"})
+            if why is None and _try_group(tree, {"pids.max": "64", "memory.max": str(2**30)}) is None:
+                sup.pids = sup.memory = v2 = tree
+                sup.why_not.pop("pids.max", None)
+                sup.why_not.pop("memory", None)
+                break
+            sup.why_not.setdefault("pids.max", why or "cannot write pids.max and memory.max")
+            sup.why_not.setdefault("memory", sup.why_not["pids.max"])
         if _try_group(v2, {}, needs=("cgroup.kill",)) is None:
             sup.kill = v2
     for ctrl, limit_file, value in (("pids", "pids.max", "64"), ("memory", "memory.limit_in_bytes", str(2**30))):

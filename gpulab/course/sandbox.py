@@ -11,11 +11,15 @@ submission gets a folder of its own::
         source/<lab>/         the lab's non-notebook files (no solutions)
         submitted/<student>/<lab>/   the submission, checked and repaired (gpulab.course.integrity)
         autograded/<student>/<lab>/  written by nbgrader; the kernel runs (and may write) here
-        tmp/                  the kernel's TMPDIR, MPLCONFIGDIR, IPYTHONDIR, caches
+        tmp/                  the kernel's MPLCONFIGDIR, IPYTHONDIR, HOME, caches (and TMPDIR
+                              when the submission has no private /tmp)
         writes.jsonl          writes the jail refused; nbgrader.log  nbgrader's output
+        namespace.json        what the submission left when nbgrader ended (gpulab.course.nsinit)
 
-The kernel starts through :mod:`gpulab.course.jail` (memory rlimit, Landlock, audit hook) and
-runs under :class:`gpulab.course.execute.SandboxedExecute`. The scores stay in the copy's
+nbgrader runs in the submission's namespaces and cgroup (:mod:`gpulab.course.isolation`); the
+kernel starts through its cgroup leaf, ``setpriv`` (a uid of its own) and
+:mod:`gpulab.course.jail` (memory rlimit, Landlock, audit hook), and runs under
+:class:`gpulab.course.execute.SandboxedExecute`. The scores stay in the copy's
 gradebook until :mod:`gpulab.course.gradebook` merges them, one submission at a time, into the
 real one, which stays nbgrader's source of truth (formgrader, ``nbgrader export``).
 """
