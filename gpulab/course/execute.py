@@ -9,6 +9,12 @@ and, in those two cases, stops the kernel and marks every remaining code cell wi
 output (``NotRunError``), so nbgrader scores the tests that ran and gives zero to the rest.
 (An un-run test cell with no output would otherwise get *full* marks from nbgrader.)
 
+It also keeps at most ``max_output_kb`` of output per cell (errors are always kept, shortened):
+the rest is dropped and the cell says so (:data:`OUTPUT_CAPPED`), so an output flood cannot grow
+nbgrader's memory or the notebook. A single message too big to read
+(:data:`gpulab.course.kernel.MAX_MESSAGE_BYTES`) is refused before nbgrader reads it, and the
+IOPub connection is reopened (:meth:`gpulab.course.kernel.CappedKernelClient.reopen_iopub`).
+
 The sandbox's ``nbgrader_config.py`` switches it on (see :mod:`gpulab.course.sandbox`)::
 
     c.Autograde.autograde_preprocessors = swap_execute(...)
