@@ -22,6 +22,7 @@ from gpulab.course.release import release
 
 LAB = "00_setup"
 MAX_SCORE = 8.0
+REPO = str(Path(__file__).resolve().parents[1])  # the checkout: its .git and notebooks/source hold the answers
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Case:
     score: float = MAX_SCORE
     note: str = ""                                             # a regexp the notes must match
     plant: bool = False                                        # links, a FIFO, a hard link beside the notebook
+    sparse: bool = False                                       # a 3 GiB sparse file beside the notebook
 
 
 WRONG_BACKEND = '''def choose_backend(machine, world_size):
@@ -46,7 +48,7 @@ WRONG_BACKEND = '''def choose_backend(machine, world_size):
     return "nccl" if machine.usable_gpus >= world_size else "gloo"   # forgets machine.nccl
 '''
 ESCAPE = '''import os, pathlib
-for target in [{course!r} + "/ESCAPED.txt", "../../../ESCAPED.txt"]:
+for target in [{course!r} + "/ESCAPED.txt", {repo!r} + "/ESCAPED.txt", "../../../ESCAPED.txt"]:
     try:
         pathlib.Path(target).write_text("owned")
     except OSError as err:
@@ -155,6 +157,120 @@ def place_ranks(machine, world_size):
 """
 
 
+# ---- issue 15's resource and escape attacks: each on a full-marks notebook (8/8 without the attack) ----
+FORK_BOMB = """import os, time
+def spawn(depth):
+    born = 0
+    for _ in range(64):
+        try:
+            pid = os.fork()
+        except OSError:
+            return born  # the process cap
+        if pid == 0:  # every child forks on, then sleeps: it must not outlive the submission
+            try:
+                if depth < 2:
+                    spawn(depth + 1)
+                time.sleep(3600)
+            finally:
+                os._exit(0)
+        born += 1
+    return born
+print("forked", spawn(0))
+"""
+SHM_FILL = """import os
+chunk, written = b"x" * 2**26, 0
+for folder in ("/dev/shm", "/tmp"):
+    try:
+        with open(folder + "/gpulab-fill-{tag}", "wb") as fh:
+            while written < 2 * 2**30:  # 2 GiB
+                fh.write(chunk)
+                written += len(chunk)
+    except OSError as err:
+        print(folder, "full after", written >> 20, "MiB:", type(err).__name__)
+"""
+SPARSE = """import os
+for name in ("a.bin", "b.bin", "c.bin", "extra.ipynb"):
+    with open(name, "wb") as fh:
+        fh.truncate(1000 * 2**20)  # 4 x 1000 MiB that hold nothing: 3.9 GiB to a naive copy
+try:
+    with open(os.environ.get("TMPDIR", "/tmp") + "/huge.bin", "wb") as fh:
+        fh.truncate(3 * 2**30)
+except OSError as err:
+    print("3 GiB file refused:", type(err).__name__)
+"""
+FLOOD = """import sys
+line = "x" * (2**20 - 1)
+for _ in range(200):  # 200 MB of output
+    print(line)
+"""
+DETACHED = """import os, subprocess
+env = {{k: v for k, v in os.environ.items() if k != "GPULAB_SANDBOX"}}  # the marker dropped
+subprocess.Popen(["sleep", "{tag}"], start_new_session=True, env=env)
+if os.fork() == 0:  # a double-forked daemon in a session of its own
+    os.setsid()
+    if os.fork() == 0:
+        os.execvpe("sleep", ["sleep", "{tag}"], env)
+    os._exit(0)
+os.wait()
+"""
+TIOCSTI = """import fcntl, glob, os, termios
+hit = []
+for path in ["/dev/tty", {terminal!r}, *glob.glob("/dev/pts/*"), "/dev/console",
+             *(f"/proc/{{pid}}/fd/{{fd}}" for pid in ("1", str(os.getppid())) for fd in (0, 1, 2))]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        continue
+    try:
+        for ch in "echo owned > /tmp/TIOCSTI_RAN\\n":
+            fcntl.ioctl(fd, termios.TIOCSTI, ch.encode())
+        hit.append(path)
+    except OSError as err:
+        pass
+    finally:
+        os.close(fd)
+print("typed into", hit or "nothing")
+"""
+SNOOP = """import glob, os, pathlib, subprocess
+root = pathlib.Path.cwd().parents[4]  # <grading folder>/00_setup/<me>/autograded/<me>/00_setup
+targets = [str(root / "00_setup" / mate / name) for mate in ("good_ana", "good_ben", "hidden_fail")
+           for name in ("gradebook.db", "submitted/{{0}}/00_setup/00_setup.ipynb".format(mate), "tmp/runtime")]
+targets += glob.glob(str(root / "00_setup" / "*" / "tmp" / "runtime" / "kernel-*.json"))  # classmates' kernels
+targets += [{repo!r} + "/.git", {repo!r} + "/.git/HEAD", {repo!r} + "/notebooks/source/00_setup/00_setup.ipynb",
+            {course!r} + "/source/00_setup/00_setup.ipynb"]
+for target in targets:
+    try:
+        data = open(target, "rb").read()
+        print("LEAK", target, len(data))
+    except OSError as err:
+        print("refused:", type(err).__name__)
+for cmd in (["git", "-C", {repo!r}, "show", "HEAD:notebooks/source/00_setup/00_setup.ipynb"],
+            ["cat", {repo!r} + "/notebooks/source/00_setup/00_setup.ipynb"]):
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    print("LEAK" if "BEGIN SOLUTION" in out or "BEGIN HIDDEN" in out else "refused:", cmd[0])
+"""
+
+
+def attack_cases(course: Path, terminal: str, tag: str) -> dict[str, Case]:
+    """The resource and escape attacks of issue 15 (OS isolation). ``terminal`` is a terminal the
+    grader holds (a TIOCSTI target); ``tag`` marks what the attacks leave (a file name, a sleep)."""
+    repo = REPO
+    full = "\n{solution}"
+    return {
+        "fork_bomb": Case(answers={"to_device_impl": FORK_BOMB + full}, note=r"hit the cap of \d+ processes"),
+        "shm_filler": Case(answers={"to_device_impl": SHM_FILL.format(tag=tag) + full},
+                           note=r"filled its private /dev/shm"),
+        "sparse": Case(answers={"to_device_impl": SPARSE + full}, sparse=True,
+                       note=r"not copied: big.bin \(larger than 100 MiB\).*left \d+ MiB of files in its folders"),
+        "flood": Case(answers={"to_device_impl": FLOOD + full}, note=r"printed too much output; dropped"),
+        "detached": Case(answers={"to_device_impl": DETACHED.format(tag=tag) + full},
+                         note=r"process\(es\) it started outlived its kernel \(sleep\)"),
+        "tiocsti": Case(answers={"to_device_impl": TIOCSTI.format(terminal=terminal) + full}, note=r"uses ioctl"),
+        "snoop": Case(answers={"to_device_impl": SNOOP.format(repo=repo, course=str(course)) + full},
+                      note=r"tried to read the instructor's files: .*gradebook.db"),
+    }
+
+
 def cases(course: Path) -> dict[str, Case]:
     """The fixture class (27 students) for a course copy at ``course``: 17 of issue 7's grader tests,
     10 of issue 15's red-team (tampering, links, a kill of the grader, leaking tests into feedback)."""
@@ -178,7 +294,7 @@ def cases(course: Path) -> dict[str, Case]:
                         note=r"the kernel died in cell \d+ \(choose_backend_impl\)"),
         "sigkill": Case(answers={"triage_impl": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"}, score=6,
                         note=r"the kernel died in cell \d+ \(triage_impl\)"),
-        "escapee": Case(answers={"to_device_impl": ESCAPE.format(course=str(course)) + "\n{solution}"},
+        "escapee": Case(answers={"to_device_impl": ESCAPE.format(course=str(course), repo=REPO) + "\n{solution}"},
                         note=r"tried to write outside its folder: .*/ESCAPED.txt, <grading copy>/ESCAPED.txt \(refused\)"),
         "peeker": Case(answers={"choose_backend_impl": PEEK.format(course=str(course)) + "\n{solution}"},
                        note=r"tried to read the instructor's files: .*/source/00_setup/00_setup.ipynb, "
@@ -254,3 +370,6 @@ def submit_class(course: Path, chosen: dict[str, Case]) -> None:
             (folder / "source").symlink_to(course / "source")
             os.mkfifo(folder / "pipe.ipynb")
             os.link(course / "source" / LAB / f"{LAB}.ipynb", folder / "answers.ipynb")  # the solutions
+        if case.sparse:  # 3 GiB that hold nothing: a naive copy writes all of it, twice
+            with open(folder / "big.bin", "wb") as fh:
+                fh.truncate(3 * 2**30)

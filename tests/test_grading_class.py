@@ -17,15 +17,16 @@ import shutil
 import sqlite3
 import stat
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import nbformat
 import psutil
 import pytest
-from grading_class import LAB, MAX_SCORE, Case, cases, make_course, student_notebook, submit_class
+from grading_class import LAB, MAX_SCORE, Case, attack_cases, cases, make_course, student_notebook, submit_class
 
 from gpulab.course import feedback as fb
-from gpulab.course import gradebook, integrity
+from gpulab.course import gradebook, integrity, isolation
 from gpulab.course.collect import collect
 from gpulab.course.grade import grade
 from gpulab.course.jail import landlock_abi
@@ -33,7 +34,11 @@ from gpulab.course.nbgrader_cli import nbgrader
 from gpulab.course.sandbox import Limits
 
 pytestmark = [pytest.mark.notebook]
-CLASS_LIMITS = Limits(wall_s=300, cell_timeout_s=20, memory_mb=1536, interrupt_grace_s=5)
+CLASS_LIMITS = Limits(wall_s=300, cell_timeout_s=20, memory_mb=1536, interrupt_grace_s=5, pids_max=256,
+                      tmp_mb=256, shm_mb=256)
+PLAN = isolation.detect()
+ISOLATED = not PLAN.off()
+TAG = str(100000 + os.getpid() % 100000)  # what the attacks leave carries it: a file name, `sleep <TAG>`
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -51,13 +56,29 @@ def tree(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory: pytest.TempPathFactory):
+def terminal():
+    """A terminal held by the grader: grading runs with it as its standard input (as `make grade` in
+    a shell does), and its path is given to the TIOCSTI attack."""
+    master, slave = os.openpty()
+    saved = os.dup(0)
+    os.dup2(slave, 0)
+    try:
+        yield master, slave, os.ttyname(slave)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, master, slave):
+            os.close(fd)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory, terminal):
     course = make_course(tmp_path_factory.mktemp("class"))
-    fixture = cases(course)
+    fixture = {**cases(course), **attack_cases(course, terminal[2], TAG)}
     submit_class(course, fixture)
     before = {name: tree(course / name) for name in ("source", "release", "submitted")}
     before["config"] = hashlib.sha256((course / "nbgrader_config.py").read_bytes()).hexdigest()
-    rows = grade(course, LAB, jobs=2, limits=CLASS_LIMITS, progress=False)
+    limits = CLASS_LIMITS if ISOLATED else replace(CLASS_LIMITS, allow_weaker=True)
+    rows = grade(course, LAB, jobs=2, limits=limits, progress=False, plan=PLAN)
     return course, fixture, {r.student: r for r in rows}, before
 
 
@@ -69,7 +90,7 @@ def test_every_student_gets_the_expected_score_and_note(graded) -> None:
     assert not wrong, f"student: (got, expected, notes) {wrong}"
     for student, case in fixture.items():
         assert rows[student].max_score == MAX_SCORE
-        if case.note:
+        if case.note and (ISOLATED or student not in ATTACKS):
             assert re.search(case.note, rows[student].notes), f"{student}: {rows[student].notes!r}"
     for student in ("good_ana", "good_ben", "good_cho", "partial", "hidden_fail"):
         assert rows[student].notes == "", f"{student} has a note it should not: {rows[student].notes}"
@@ -86,10 +107,13 @@ def test_every_student_gets_the_expected_score_and_note(graded) -> None:
     assert all(float(table[s]["score"]) == rows[s].score for s in fixture)
 
 
+ATTACKS = ("fork_bomb", "shm_filler", "sparse", "flood", "detached", "tiocsti", "snoop")
+
+
 def test_attacks_earn_nothing_and_leave_classmates_and_the_course_alone(graded) -> None:
     course, fixture, rows, before = graded
-    attacks = [s for s in fixture if s.startswith(("tamper_", "relinker", "planted", "killer", "leaker"))]
-    assert len(attacks) >= 9
+    attacks = [s for s in fixture if s.startswith(("tamper_", "relinker", "planted", "killer", "leaker", *ATTACKS))]
+    assert len(attacks) >= 16
     for student in attacks:  # each scored at most what the same notebook scores without the attack
         assert rows[student].score <= fixture[student].score, (student, rows[student].notes)
         assert rows[student].notes, f"{student} got no note"
@@ -154,7 +178,9 @@ def test_writes_outside_the_folder_never_reach_the_course(graded) -> None:
     course = graded[0]
     if not landlock_abi():
         pytest.skip("no Landlock on this kernel: only Python-level writes are refused")
+    from grading_class import REPO
     assert not (course / "ESCAPED.txt").exists(), "the audit hook / Landlock let a Python write through"
+    assert not Path(REPO, "ESCAPED.txt").exists(), "the audit hook / Landlock let a write into the checkout through"
     assert not (course / "ESCAPED_SHELL.txt").exists(), "Landlock let a shell write through"
 
 
@@ -169,6 +195,60 @@ def test_no_grading_process_outlives_the_run(graded) -> None:
         except psutil.Error:
             continue
     assert not leftovers, f"processes from the grading sandboxes still run: {leftovers}"
+    # ... nor any process that dropped the marker: by their cgroup (named after this grader's pid), and
+    # the sleeps the detached attack started with the marker dropped
+    mine = f"gpulab-grade-{os.getpid()}-"
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            in_group = mine in Path(f"/proc/{p.pid}/cgroup").read_text()
+        except OSError:
+            continue
+        assert not in_group and p.info["cmdline"] != ["sleep", TAG], (p.info, "outlived its submission")
+    groups = [g for g in Path("/sys/fs/cgroup").glob(f"*/{mine}*")] + \
+        [g for g in Path("/sys/fs/cgroup").glob(f"*/**/{mine}*") if g.is_dir()]
+    assert not groups, f"cgroups left behind: {groups}"
+
+
+def _cell_text(course: Path, student: str, grade_id: str = "to_device_impl") -> str:
+    nb = nbformat.read(str(course / "autograded" / student / LAB / f"{LAB}.ipynb"), as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    return json.dumps(cell.get("outputs", []))
+
+
+def _apparent(folder: Path) -> int:
+    return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.skipif(not ISOLATED, reason=f"this machine lacks OS protections: {PLAN.note()}")
+def test_resource_and_escape_attacks_are_contained(graded, terminal) -> None:
+    course, fixture, rows, _ = graded
+    for student in ATTACKS:  # each also scores what its notebook scores without the attack (8/8), and is noted
+        assert rows[student].score == MAX_SCORE and re.search(fixture[student].note, rows[student].notes), \
+            (student, rows[student].notes)
+    assert "forked" in _cell_text(course, "fork_bomb")
+    # /dev/shm and /tmp were the submission's own, capped, and went with it
+    shown = _cell_text(course, "shm_filler")
+    assert "/dev/shm full after 256 MiB" in shown and "/tmp full after" in shown, shown[:400]
+    assert not Path(f"/dev/shm/gpulab-fill-{TAG}").exists() and not Path(f"/tmp/gpulab-fill-{TAG}").exists()
+    # sparse files: nothing near 3 GiB came back
+    assert _apparent(course / "autograded" / "sparse") < 2**20 * 5
+    assert sorted(p.name for p in (course / "autograded" / "sparse" / LAB).iterdir()) == [f"{LAB}.ipynb"]
+    # the output flood: kept small, and nbgrader's memory stayed near an honest submission's
+    def peak(student: str) -> int:
+        log = (course / "grading_logs" / LAB / f"{student}.log").read_text()
+        return int(re.search(r"gpulab: nbgrader peak memory (\d+) MiB", log).group(1))
+    assert (course / "autograded" / "flood" / LAB / f"{LAB}.ipynb").stat().st_size < 4 * 2**20
+    assert peak("flood") < peak("good_ana") + 150, (peak("flood"), peak("good_ana"))
+    # TIOCSTI: nothing was typed into the grader's terminal, and nothing the kernel reached was a terminal
+    master, slave, _ = terminal
+    for fd in (master, slave):
+        os.set_blocking(fd, False)
+        with pytest.raises(BlockingIOError):
+            os.read(fd, 100)
+    assert "typed into nothing" in _cell_text(course, "tiocsti") and not Path("/tmp/TIOCSTI_RAN").exists()
+    # reading classmates' grading copies, their kernels' connection files, .git, the source checkout
+    shown = _cell_text(course, "snoop")
+    assert "LEAK" not in shown and shown.count("refused") >= 10, shown[:600]
 
 
 @pytest.mark.timeout(600)

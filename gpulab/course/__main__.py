@@ -34,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
                            help="let notebooks read the course folder: solutions, hidden tests (not recommended)")
             s.add_argument("--flagged", choices=("note", "zero"), default="note",
                            help="code only tampering needs: 'note' it (default) or also score the tests after it 0")
+            s.add_argument("--pids-max", type=int, default=1024,
+                           help="processes and threads one submission may hold at once (default 1024)")
+            s.add_argument("--allow-weaker-sandbox", action="store_true",
+                           help="grade even where an OS protection (namespaces, cgroups, kernel uid, Landlock) "
+                                "is missing; each row of grades.csv names what was off")
             s.add_argument("--keep-sandboxes", action="store_true", help="keep each submission's grading copy")
             s.add_argument("--quiet", action="store_true", help="no progress bar")
         if name == "collect":
@@ -47,8 +52,8 @@ def grade_main(argv: list[str]) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
+    from gpulab.course import isolation
     from gpulab.course.grade import default_jobs, default_memory_mb, grade, print_table
-    from gpulab.course.jail import landlock_abi
     from gpulab.course.sandbox import Limits
 
     jobs = args.jobs if args.jobs is not None else default_jobs()
@@ -56,23 +61,29 @@ def _grade(args: argparse.Namespace) -> int:
         limits = Limits(wall_s=args.wall_timeout, cell_timeout_s=args.cell_timeout,
                         memory_mb=default_memory_mb(jobs) if args.memory_mb is None else args.memory_mb,
                         memory_rlimit=args.memory_rlimit, confine_writes=not args.no_confine_writes,
-                        confine_reads=not args.no_confine_reads, flagged=args.flagged)
+                        confine_reads=not args.no_confine_reads, flagged=args.flagged, pids_max=args.pids_max,
+                        allow_weaker=args.allow_weaker_sandbox)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    abi = landlock_abi()
-    layers = f"Landlock ABI {abi} + audit hook" if abi else "audit hook only (no Landlock)"
-    writes, reads = (layers if on else "off" for on in (limits.confine_writes, limits.confine_reads))
+    plan = isolation.detect(limits.confine_writes, limits.confine_reads)
+    writes, reads = ("on" if on else "OFF (flag)" for on in (limits.confine_writes, limits.confine_reads))
     cell = f"{limits.cell_timeout_s} s" if limits.cell_timeout_s else "nbgrader_config.py's"
     print(f"grading with {jobs} worker(s): wall clock {limits.wall_s:g} s, cell timeout {cell}, "
-          f"memory {limits.memory_mb or 'unlimited'} MiB (RLIMIT_{limits.memory_rlimit.upper()}), writes confined: {writes}, "
-          f"course unreadable: {reads}, signals kept inside each kernel: "
-          f"{'Landlock scope' if abi >= 6 else 'off (Landlock ABI 6, Linux 6.12, needed)'}, in-kernel probes: "
-          f"{'on' if limits.probes else 'off'}, flagged code: {limits.flagged}")
+          f"memory {limits.memory_mb or 'unlimited'} MiB per process (RLIMIT_{limits.memory_rlimit.upper()}) and "
+          f"{limits.cgroup_memory_mb() or 'unlimited'} MiB per submission, {limits.pids_max} tasks, private /tmp "
+          f"{limits.tmp_mb} MiB and /dev/shm {limits.shm_mb} MiB; writes confined: {writes}, course unreadable: "
+          f"{reads}, in-kernel probes: {'on' if limits.probes else 'off'}, flagged code: {limits.flagged}")
+    print("protections:")
+    for layer in plan.layers:
+        print(f"  {'on ' if layer.on else 'OFF'}  {layer.name}: {layer.how}")
+    if plan.off():
+        print(("grading anyway (--allow-weaker-sandbox): grades.csv notes what was off" if limits.allow_weaker
+               else "refusing to grade without them"), file=sys.stderr)
     t0 = time.perf_counter()
     try:
         rows = grade(args.course, args.lab, jobs=jobs, limits=limits, progress=not args.quiet,
-                     keep_sandboxes=args.keep_sandboxes)
+                     keep_sandboxes=args.keep_sandboxes, plan=plan)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

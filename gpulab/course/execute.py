@@ -9,6 +9,12 @@ and, in those two cases, stops the kernel and marks every remaining code cell wi
 output (``NotRunError``), so nbgrader scores the tests that ran and gives zero to the rest.
 (An un-run test cell with no output would otherwise get *full* marks from nbgrader.)
 
+It also keeps at most ``max_output_kb`` of output per cell (errors are always kept, shortened):
+the rest is dropped and the cell says so (:data:`OUTPUT_CAPPED`), so an output flood cannot grow
+nbgrader's memory or the notebook. A single message too big to read
+(:data:`gpulab.course.kernel.MAX_MESSAGE_BYTES`) is refused before nbgrader reads it, and the
+IOPub connection is reopened (:meth:`gpulab.course.kernel.CappedKernelClient.reopen_iopub`).
+
 The sandbox's ``nbgrader_config.py`` switches it on (see :mod:`gpulab.course.sandbox`)::
 
     c.Autograde.autograde_preprocessors = swap_execute(...)
@@ -18,20 +24,19 @@ The sandbox's ``nbgrader_config.py`` switches it on (see :mod:`gpulab.course.san
 from __future__ import annotations
 
 import os
-import sys
 import time
 from queue import Empty
 from typing import Any, Sequence
 
 import psutil
-from jupyter_client import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import ensure_async, run_sync
 from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer, List, Unicode
+from traitlets import Bool, Integer, Unicode
 
 from gpulab.course import links, scan, tamper
+from gpulab.course.kernel import MAX_MESSAGE_BYTES, JailedKernelManager
 from gpulab.course.processes import kill_marked
 
 # enames written into the notebook; gpulab.course.sandbox turns them into notes.
@@ -40,29 +45,13 @@ NOT_RUN = "NotRunError"
 TIMEOUT = "CellTimeoutError"
 TAMPERED = tamper.TAMPERED
 FLAGGED = "FlaggedCodeError"
+# Written into a cell whose output passed the cap; gpulab.course.notes turns it into a note.
+OUTPUT_CAPPED = "[gpulab grader: output past the cap was dropped:"
 
 
 def error_output(ename: str, evalue: str) -> NotebookNode:
     """An nbformat error output, which nbgrader scores as a failed cell."""
     return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
-
-
-class JailedKernelManager(AsyncKernelManager):
-    """Starts the kernel through ``python -m gpulab.course.jail`` (limits, Landlock, audit hook).
-
-    The jail runs the kernel in its own process (no extra process in between), so jupyter_client's
-    interrupts and kills reach the kernel itself.
-    """
-
-    jail_args = List(Unicode(), help="arguments for python -m gpulab.course.jail").tag(config=True)
-
-    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        cmd = super().format_kernel_cmd(extra_arguments)
-        if not self.jail_args:
-            return cmd
-        if len(cmd) >= 3 and cmd[1] == "-m":  # a Python kernel: the jail imports and runs the module
-            return [cmd[0], "-m", "gpulab.course.jail", *self.jail_args, "--", *cmd[1:]]
-        return [sys.executable, "-m", "gpulab.course.jail", *self.jail_args, "--", *cmd]
 
 
 class SandboxedExecute(Execute):
@@ -77,6 +66,8 @@ class SandboxedExecute(Execute):
     clean_dir = Unicode("", help="the kernel's folder: links, FIFOs, devices and hard links are removed from it "
                                  "once the kernel is gone, before nbgrader writes there").tag(config=True)
     clean_log = Unicode("", help="a file where what was removed from clean_dir is listed, one per line").tag(config=True)
+    max_output_kb = Integer(1024, help="output kept per cell (text, images, widget state), KiB; past it, "
+                                       "outputs are dropped and the cell says so").tag(config=True)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("kernel_manager_class", JailedKernelManager)
@@ -85,6 +76,8 @@ class SandboxedExecute(Execute):
         self._snapshot: dict[str, Any] | None = None
         self._reply: dict[str, Any] | None = None
         self._zero_after: int | None = None
+        self._kept: dict[int, int] = {}     # cell index -> output bytes kept
+        self._dropped: dict[int, int] = {}  # cell index -> output bytes dropped
 
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> tuple[NotebookNode, Any]:
         self._stopped, self._snapshot, self._zero_after = None, None, None
@@ -104,6 +97,37 @@ class SandboxedExecute(Execute):
                 if removed and self.clean_log:
                     with open(self.clean_log, "a") as log:
                         log.writelines(f"{entry}\n" for entry in removed)
+            self.log.info("gpulab: nbgrader peak memory %s MiB", _peak_rss_mb())
+
+    # ---- output: what the kernel sends is kept up to a cap per cell ----
+
+    def output(self, outs: list[NotebookNode], msg: dict[str, Any], display_id: str | None,
+               cell_index: int) -> NotebookNode | None:
+        size = _size(msg.get("content", {}))
+        cap = self.max_output_kb * 1024
+        if msg.get("msg_type") == "error" and size > cap:  # an error is always kept (it scores), but not all of it
+            content = msg["content"]
+            content["evalue"] = str(content.get("evalue", ""))[:cap // 2]
+            content["traceback"] = [str(t)[:1024] for t in content.get("traceback", [])[-20:]]
+            size = _size(content)
+        if msg.get("msg_type") == "error" or self._kept.get(cell_index, 0) + size <= cap:
+            self._kept[cell_index] = self._kept.get(cell_index, 0) + size
+            return super().output(outs, msg, display_id, cell_index)
+        if cell_index not in self._dropped:
+            outs.append(NotebookNode(output_type="stream", name="stderr", text=""))
+        self._dropped[cell_index] = self._dropped.get(cell_index, 0) + size
+        marker = next(o for o in reversed(outs) if o.get("output_type") == "stream" and o.get("name") == "stderr"
+                      and (o.get("text") == "" or o.get("text", "").startswith(OUTPUT_CAPPED)))
+        marker["text"] = f"{OUTPUT_CAPPED} {self._dropped[cell_index] / 2**20:.1f} MiB past {self.max_output_kb} KiB]\n"
+        return None
+
+    def handle_comm_msg(self, outs: list[NotebookNode], msg: dict[str, Any], cell_index: int) -> None:
+        size = _size(msg.get("content", {}))
+        if self._kept.get(cell_index, 0) + size > self.max_output_kb * 1024:
+            self._dropped[cell_index] = self._dropped.get(cell_index, 0) + size
+            return  # widget state past the cap is not kept either
+        self._kept[cell_index] = self._kept.get(cell_index, 0) + size
+        super().handle_comm_msg(outs, msg, cell_index)
 
     def on_cell_executed(self, **kwargs: Any) -> None:
         super().on_cell_executed(**kwargs)
@@ -121,9 +145,22 @@ class SandboxedExecute(Execute):
         try:
             cell, resources = self._run_cell(cell, resources, index)
         finally:
+            self._heal_iopub(cell)
             if _is_test(cell):
                 self._judge(cell, index)
         return cell, resources
+
+    def _heal_iopub(self, cell: NotebookNode) -> None:
+        """If the cell sent a message too big to read, say so in the cell and reconnect IOPub."""
+        lost = getattr(self.kc, "iopub_lost", None)
+        if self._stopped is not None or lost is None or not lost():
+            return
+        cell.outputs.append(NotebookNode(output_type="stream", name="stderr", text=f"{OUTPUT_CAPPED} a message over "
+                                                                                    f"{MAX_MESSAGE_BYTES >> 20} MiB]\n"))
+        try:
+            run_sync(self.kc.reopen_iopub)(timeout=max(30, self.timeout or 0))
+        except RuntimeError:
+            self._stopped = "the kernel's output could not be read again after an oversized message"
 
     def _run_cell(self, cell: NotebookNode, resources: Any, index: int) -> tuple[NotebookNode, Any]:
         try:
@@ -240,6 +277,28 @@ class SandboxedExecute(Execute):
                 proc.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def _size(content: Any) -> int:
+    """About how many bytes a message's content holds (its strings), without serialising it."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, dict):
+        return sum(_size(v) for v in content.values())
+    if isinstance(content, (list, tuple)):
+        return sum(_size(v) for v in content)
+    return 8
+
+
+def _peak_rss_mb() -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        return None
+    return None
 
 
 def _is_test(cell: NotebookNode) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 from tqdm.auto import tqdm
 
-from gpulab.course import gradebook, integrity
+from gpulab.course import gradebook, integrity, isolation, readguard
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 from gpulab.course.sandbox import Limits, SandboxResult, grade_in_sandbox
 
@@ -119,8 +119,23 @@ def _write_progress(rows: list[GradeRow], pending: dict[tuple[str, str], None], 
     write_csv(sorted(rows + waiting, key=lambda r: (r.lab, r.student)), path)
 
 
+class WeakSandboxError(ValueError):
+    """An OS protection is missing and the instructor did not accept grading without it."""
+
+
+def grading_root(private_tmp: bool) -> Path:
+    """A new folder for the run's grading copies. Not under ``/tmp`` when each submission gets a
+    private ``/tmp`` (it would hide the copies from nbgrader): ``/var/tmp`` then."""
+    parent = Path(tempfile.gettempdir())
+    if private_tmp and parent.resolve().is_relative_to("/tmp"):
+        parent = Path("/var/tmp")
+    root = Path(tempfile.mkdtemp(prefix="gpulab-grade-", dir=parent))
+    root.chmod(0o711)  # a kernel under a uid of its own passes through to its own folder, lists nothing
+    return root
+
+
 def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, limits: Limits | None = None,
-          progress: bool = True, keep_sandboxes: bool = False) -> list[GradeRow]:
+          progress: bool = True, keep_sandboxes: bool = False, plan: isolation.Plan | None = None) -> list[GradeRow]:
     """Autograde every submission (or one lab's) in parallel and write ``<course>/grades.csv``.
 
     Args:
@@ -131,12 +146,14 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
             and :func:`default_memory_mb`.
         progress: show a tqdm bar.
         keep_sandboxes: leave each submission's grading copy on disk (for debugging).
+        plan: the OS isolation to use (default: :func:`isolation.detect` on this machine).
 
     Returns:
         One row per submission, sorted by lab then student; also in ``grades.csv``.
 
     Raises:
         ValueError: ``jobs`` < 1, or ``lab`` is not a lab of the course.
+        WeakSandboxError: a protection is missing and ``limits.allow_weaker`` is off.
     """
     course = Path(course).resolve()
     known = set(find_labs(course))
@@ -148,12 +165,17 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
     limits = limits or Limits(memory_mb=default_memory_mb(jobs))
     if limits.threads is None:
         limits = replace(limits, threads=max(1, default_jobs() // jobs))
+    plan = plan or isolation.detect(limits.confine_writes, limits.confine_reads)
+    if plan.off() and not limits.allow_weaker:
+        raise WeakSandboxError(plan.refusal())
+    weaker = plan.note()
+    secrets = readguard.repository_secrets(course) if limits.confine_reads else []
     pairs = submissions(course, lab)
     rows = [GradeRow(s, lab_, notes=f"no lab called {lab_!r}; the labs are {', '.join(sorted(known))}")
             for s, lab_ in pairs if lab_ not in known]
     pairs = [(s, lab_) for s, lab_ in pairs if lab_ in known]
     ensure_released(course, {lab_ for _, lab_ in pairs})
-    root = Path(tempfile.mkdtemp(prefix="gpulab-grade-"))
+    root = grading_root(plan.namespaces)
     cancel = threading.Event()
     template, specs = root / "template.db", {}
     pending = dict.fromkeys(pairs)
@@ -163,15 +185,18 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
             gradebook.backup(course)  # the gradebook as it was before this run, whatever happens next
             _write_progress(rows, pending, course / "grades.csv")
             gradebook.snapshot(course, template)
+            template.chmod(0o600)
             specs = {lab_: integrity.lab_spec(f"sqlite:///{template}", lab_, course / "source" / lab_)
                      for lab_ in {lab_ for _, lab_ in pairs}}
         with ThreadPoolExecutor(max_workers=jobs) as pool, \
                 tqdm(total=len(pairs), desc="autograding", unit="submission", disable=not progress) as bar:
             futures = {pool.submit(_grade_safely, course, template, specs[lab_], lab_, s,
-                                   root / lab_ / s, limits, cancel): (s, lab_) for s, lab_ in pairs}
+                                   root / lab_ / s, limits, cancel, plan, secrets): (s, lab_) for s, lab_ in pairs}
             try:
                 for fut in as_completed(futures):
                     result = fut.result()
+                    if weaker:
+                        result.notes.append(weaker)
                     rows.append(_record(course, result, max_bytes))
                     pending.pop((result.student, result.lab), None)
                     _write_progress(rows, pending, course / "grades.csv")
@@ -191,9 +216,9 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
 
 
 def _grade_safely(course: Path, template: Path, specs: dict, lab: str, student: str, box: Path,
-                  limits: Limits, cancel: threading.Event) -> SandboxResult:
+                  limits: Limits, cancel: threading.Event, plan: isolation.Plan, secrets: list[Path]) -> SandboxResult:
     try:
-        return grade_in_sandbox(course, template, specs, lab, student, box, limits, cancel)
+        return grade_in_sandbox(course, template, specs, lab, student, box, limits, cancel, plan, secrets)
     except Exception as err:  # noqa: BLE001 - a grader bug on one submission must not stop the class
         return SandboxResult(student, lab, status="failed", notes=[f"grader error: {type(err).__name__}: {err}"])
 

@@ -123,7 +123,27 @@ def merge(course: Path, result: SandboxResult, max_bytes: int = 100 * 2**20) -> 
             raise
         sub = gb.find_submission(result.lab, result.student)
         score, max_score = float(sub.score), float(sub.max_score)
+        if graded:
+            written, other = _waiting(sub)
+            if written:
+                result.notes.append(f"{written:g} point(s) of written answers wait for manual grading in the formgrader")
+            if other:
+                result.notes.append(f"{other:g} point(s) of manually graded cells wait for the formgrader")
     return score, max_score
+
+
+def _waiting(sub: object) -> tuple[float, float]:
+    """Points of a submission that no autograder gives: (markdown answers, other manually graded
+    cells) that still have neither an auto nor a manual score."""
+    written = other = 0.0
+    for nb in sub.notebooks:  # type: ignore[attr-defined]
+        for grade in nb.grades:
+            if grade.auto_score is None and grade.manual_score is None:
+                if grade.cell.cell_type == "markdown":
+                    written += float(grade.max_score)
+                else:
+                    other += float(grade.max_score)
+    return written, other
 
 
 def scores(course: Path, lab: str, student: str) -> tuple[float, float]:

@@ -214,6 +214,11 @@ def _descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
+def _closest(path: str, folders: Sequence[str]) -> int:
+    """The length of the longest of ``folders`` that ``path`` is (beneath); -1 for none."""
+    return max((len(f) for f in folders if is_beneath(path, (f,))), default=-1)
+
+
 def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
                unreadable: Sequence[str] = (), readable: Sequence[str] = ()) -> Callable[[str, tuple], None]:
     """An audit hook that refuses (``PermissionError``) and logs Python-level writes outside
@@ -237,7 +242,7 @@ def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
             if not writing:
                 if hidden and path is not None and not isinstance(path, int):
                     real = os.path.realpath(os.fsdecode(path))
-                    if is_beneath(real, hidden) and not is_beneath(real, allowed):
+                    if _closest(real, hidden) > _closest(real, allowed):  # the most specific rule wins
                         log({"event": "read", "path": real})
                         raise PermissionError(f"gpulab grading sandbox: reading {real} is not allowed; a lab "
                                               f"reads its own folder, gpulab and the libraries, not the course")
@@ -272,6 +277,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--read", action="append", default=[], help="a folder beneath a --no-read one that stays readable")
     p.add_argument("--no-scope", action="store_true", help="let the process signal processes outside the jail")
     p.add_argument("--audit-log", default=None, help="JSON lines of refused writes")
+    p.add_argument("--home", default=None, help="the kernel's HOME (a folder it may write in)")
+    p.add_argument("--oom-first", action="store_true", help="be the first process the OOM killer takes")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- -m module args... | -- program args...")
     return p
 
@@ -290,6 +297,14 @@ def main(argv: list[str] | None = None) -> None:
             os.write(log_fd, (json.dumps(entry) + "\n").encode())
 
     set_limits(args.memory_mb, args.memory_rlimit, args.fsize_mb)
+    if args.home:
+        os.environ["HOME"] = args.home
+    if args.oom_first:  # the kernel, not nbgrader, goes first when the cgroup runs out (raising needs no right)
+        try:
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
     landlock = landlock_restrict_writes(writable) if args.write else False
     unreadable = [os.path.realpath(p) for p in args.no_read]
     readable = [os.path.realpath(p) for p in args.read]

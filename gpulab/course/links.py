@@ -95,25 +95,36 @@ def _copy_fd(src: Path, dst: Path, max_bytes: int) -> str | None:
         os.close(fd)
 
 
-def copy_regular(src: str | Path, dst: str | Path, max_bytes: int, skip: tuple[str, ...] = (".ipynb_checkpoints",)
-                 ) -> list[str]:
-    """Copy the regular files under ``src`` into ``dst`` (created), never following a link.
+def copy_regular(src: str | Path, dst: str | Path, max_bytes: int, skip: tuple[str, ...] = (".ipynb_checkpoints",),
+                 max_total: int | None = None) -> list[str]:
+    """Copy the regular files under ``src`` into ``dst`` (created), never following a link; stop
+    copying once ``max_total`` bytes were copied (sparse files are counted, and written, in full).
 
     Returns:
         What was skipped and why, e.g. ``"answer.ipynb (symlink)"``.
     """
-    src, dst = Path(src), Path(dst)
+    total = max_total if max_total is not None else float("inf")
+    budget = [total, total]  # bytes left, bytes allowed
+    return _copy_tree(Path(src), Path(dst), max_bytes, skip, budget)
+
+
+def _copy_tree(src: Path, dst: Path, max_bytes: int, skip: tuple[str, ...], budget: list[float]) -> list[str]:
     dst.mkdir(parents=True, exist_ok=True)
     skipped: list[str] = []
-    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+    # notebooks first, so that data files cannot crowd the lab's notebook out of the budget
+    for entry in sorted(os.scandir(src), key=lambda e: (not e.name.endswith(".ipynb"), e.name)):
         if entry.name in skip:
             continue
         path = Path(entry.path)
         st = path.lstat()
         if stat.S_ISDIR(st.st_mode):
-            skipped += [f"{entry.name}/{s}" for s in copy_regular(path, dst / entry.name, max_bytes, skip)]
+            skipped += [f"{entry.name}/{s}" for s in _copy_tree(path, dst / entry.name, max_bytes, skip, budget)]
             continue
-        why = _copy_fd(path, dst / entry.name, max_bytes)
+        why = _copy_fd(path, dst / entry.name, int(min(max_bytes, budget[0])))
+        if why and why.startswith("larger than") and budget[0] < max_bytes:
+            why = f"past the {int(budget[1]) // 2**20} MiB a submission may hold in all"
+        elif why is None:
+            budget[0] -= (dst / entry.name).stat().st_size
         if why:
             skipped.append(f"{entry.name} ({why})")
     return skipped

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import nbformat
 
-from gpulab.course.execute import FLAGGED, KERNEL_DIED, NOT_RUN, TAMPERED, TIMEOUT
+from gpulab.course.execute import FLAGGED, KERNEL_DIED, NOT_RUN, OUTPUT_CAPPED, TAMPERED, TIMEOUT
 
 # How "out of memory" reads from Python, numpy, torch's CPU allocator and C++ code.
 _OOM = re.compile(r"MemoryError|OutOfMemoryError|can't allocate memory|Cannot allocate memory|bad_alloc|"
@@ -34,6 +34,11 @@ def output_notes(path: Path, cell_timeout_s: int | None, memory_mb: int) -> list
     zeroed: dict[str, list[str]] = {}  # one note per reason, naming every cell it zeroed
     limit = f"{cell_timeout_s} s cell time limit" if cell_timeout_s else "cell time limit"
     for i, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            text = out.get("text", "") if out.get("output_type") == "stream" else ""
+            if OUTPUT_CAPPED in text:
+                dropped = text[text.index(OUTPUT_CAPPED) + len(OUTPUT_CAPPED):].strip(" ]\n")
+                notes.append(f"{_label(cell, i)} printed too much output; dropped {dropped}")
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         for out in errors:
             ename, evalue = out.get("ename", ""), _ANSI.sub("", out.get("evalue", ""))
@@ -112,3 +117,30 @@ def last_error(log: Path) -> str:
         if re.search(r"(Error|Exception):", ln) and "There was an error processing" not in ln:
             return ln[-200:]
     return (lines[-1] if lines else "no output")[-200:]
+
+
+def isolation_notes(peaks: dict[str, int | None], pids_max: int, memory_mb: int, report: Path,
+                    tmp_mb: int = 0, shm_mb: int = 0) -> list[str]:
+    """Notes for what the OS isolation stopped: the process cap, the memory cap, a full private
+    ``/tmp`` or ``/dev/shm``, and processes that outlived their kernel (from the cgroup's peaks and
+    :func:`gpulab.course.nsinit.report`)."""
+    notes = []
+    if peaks.get("pids_refused"):
+        notes.append(f"hit the cap of {pids_max} processes and threads (pids.max) {peaks['pids_refused']} time(s): "
+                     "a fork bomb or runaway threads")
+    if peaks.get("oom_kills"):
+        notes.append(f"the kernel's memory reached the submission's {memory_mb} MiB cap (cgroup); the OOM killer "
+                     f"stopped {peaks['oom_kills']} of its processes")
+    try:
+        left = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return notes
+    for key, name, cap in (("tmp_used_mb", "/tmp", tmp_mb), ("shm_used_mb", "/dev/shm", shm_mb)):
+        used = left.get(key) or 0
+        if cap and used >= 0.9 * cap:
+            notes.append(f"filled its private {name} ({used:.0f} of {cap} MiB); it was removed with the submission")
+    if left.get("left_running"):
+        names = list(dict.fromkeys(left["left_running"]))
+        notes.append(f"{len(left['left_running'])} process(es) it started outlived its kernel ({some(names)}); "
+                     "killed with its namespace")
+    return notes

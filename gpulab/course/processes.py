@@ -1,9 +1,11 @@
 """Stop what a graded notebook started: its process tree, and anything that left the tree.
 
 A kernel runs in a session of its own, and a student's code can start processes that detach
-(double fork, ``setsid``). The grader marks every process of a submission with
-``GPULAB_SANDBOX=<grading copy>`` in its environment, which children inherit, and kills by
-tree and by marker when the submission is done or out of time.
+(double fork, ``setsid``). Where the submission has a PID namespace and a cgroup
+(:mod:`gpulab.course.isolation`), their end takes every such process with it. Without them, the
+grader marks every process of a submission with ``GPULAB_SANDBOX=<grading copy>`` in its
+environment, which children inherit, and kills by tree and by marker when the submission is done
+or out of time; a process that drops the marker as well as leaving the tree escapes that.
 """
 
 from __future__ import annotations

@@ -11,11 +11,15 @@ submission gets a folder of its own::
         source/<lab>/         the lab's non-notebook files (no solutions)
         submitted/<student>/<lab>/   the submission, checked and repaired (gpulab.course.integrity)
         autograded/<student>/<lab>/  written by nbgrader; the kernel runs (and may write) here
-        tmp/                  the kernel's TMPDIR, MPLCONFIGDIR, IPYTHONDIR, caches
+        tmp/                  the kernel's MPLCONFIGDIR, IPYTHONDIR, HOME, caches (and TMPDIR
+                              when the submission has no private /tmp)
         writes.jsonl          writes the jail refused; nbgrader.log  nbgrader's output
+        namespace.json        what the submission left when nbgrader ended (gpulab.course.nsinit)
 
-The kernel starts through :mod:`gpulab.course.jail` (memory rlimit, Landlock, audit hook) and
-runs under :class:`gpulab.course.execute.SandboxedExecute`. The scores stay in the copy's
+nbgrader runs in the submission's namespaces and cgroup (:mod:`gpulab.course.isolation`); the
+kernel starts through its cgroup leaf, ``setpriv`` (a uid of its own) and
+:mod:`gpulab.course.jail` (memory rlimit, Landlock, audit hook), and runs under
+:class:`gpulab.course.execute.SandboxedExecute`. The scores stay in the copy's
 gradebook until :mod:`gpulab.course.gradebook` merges them, one submission at a time, into the
 real one, which stays nbgrader's source of truth (formgrader, ``nbgrader export``).
 """
@@ -25,91 +29,18 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulab.course import integrity, links, scan
+from gpulab.course import integrity, isolation, links, readguard, scan
 from gpulab.course import notes as notes_mod
+from gpulab.course.limits import Limits, SandboxResult  # noqa: F401 - re-exported: callers import them from here
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
 from gpulab.course.processes import kill_marked, kill_tree
-
-
-@dataclass
-class Limits:
-    """What one submission may use. ``make grade`` sets them from WALL_TIMEOUT, CELL_TIMEOUT,
-    MEMORY_MB (see docs/instructor.md).
-
-    Attributes:
-        wall_s: wall-clock seconds for the whole autograde of one submission.
-        cell_timeout_s: seconds per cell; None keeps ``c.Execute.timeout`` of nbgrader_config.py.
-        memory_mb: memory cap of the kernel (and each process it starts), MiB; 0 = none.
-        memory_rlimit: "data" (RLIMIT_DATA, what code allocates) or "as" (RLIMIT_AS, address space).
-        fsize_mb: largest file the kernel may write, MiB; 0 = none.
-        threads: OMP/MKL threads per kernel; None = all (the grader sets cores // jobs).
-        interrupt_grace_s: seconds a kernel has to stop after a cell times out before it is killed.
-        confine_writes: refuse writes outside the submission's folder and its temp folder.
-        confine_reads: refuse reading the instructor's files: the course folder (solutions, hidden
-            tests, other students' work, the gradebook), the sandbox's gradebook copies and every
-            other submission's grading copy.
-        max_notebook_mb: largest notebook (or other file) copied from a submission, or back from
-            its grading copy, MiB.
-        flagged: "note" (default): code only tampering needs (:mod:`gpulab.course.scan`) gets a
-            note; "zero": the test cells after the first flagged cell also score 0.
-        probes: snapshot the tests' tools and run a canary after each test cell
-            (:mod:`gpulab.course.tamper`).
-    """
-
-    wall_s: float = 900.0
-    cell_timeout_s: int | None = None
-    memory_mb: int = 4096
-    memory_rlimit: str = "data"
-    fsize_mb: int = 1024
-    threads: int | None = None
-    interrupt_grace_s: int = 10
-    confine_writes: bool = True
-    confine_reads: bool = True
-    max_notebook_mb: int = 100
-    flagged: str = "note"
-    probes: bool = True
-
-    def __post_init__(self) -> None:
-        if self.wall_s <= 0:
-            raise ValueError(f"wall_s={self.wall_s}: the wall-clock limit must be positive (e.g. 900)")
-        if self.cell_timeout_s is not None and self.cell_timeout_s <= 0:
-            raise ValueError(f"cell_timeout_s={self.cell_timeout_s}: use a positive number of seconds, or None "
-                             "for nbgrader_config.py's c.Execute.timeout")
-        if self.memory_mb < 0 or 0 < self.memory_mb < 256:
-            raise ValueError(f"memory_mb={self.memory_mb}: a kernel that imports torch needs at least 256 MiB "
-                             "(0 turns the limit off)")
-        if self.memory_rlimit not in ("data", "as"):
-            raise ValueError(f"memory_rlimit={self.memory_rlimit!r}: use 'data' or 'as'")
-        if self.flagged not in ("note", "zero"):
-            raise ValueError(f"flagged={self.flagged!r}: use 'note' (flag only) or 'zero' (the tests after it score 0)")
-        if self.max_notebook_mb < 1:
-            raise ValueError(f"max_notebook_mb={self.max_notebook_mb}: use at least 1 MiB")
-
-
-@dataclass
-class SandboxResult:
-    """What grading one submission produced, before it is merged into the real gradebook."""
-
-    student: str
-    lab: str
-    status: str = "graded"  # graded | unreadable | missing | failed | timeout
-    notes: list[str] = field(default_factory=list)
-    grades: dict[tuple[str, str], float | None] = field(default_factory=dict)  # (notebook, cell) -> auto score
-    comments: dict[tuple[str, str], str | None] = field(default_factory=dict)
-    late_penalties: dict[str, float | None] = field(default_factory=dict)
-    timestamp: object = None
-    autograded: Path | None = None
-    log: Path | None = None
-    seconds: float = 0.0
-    landlock: bool | None = None
-
 
 _CONFIG_TAIL = """
 
@@ -119,6 +50,9 @@ c.CourseDirectory.root = {root!r}
 c.CourseDirectory.db_url = {db_url!r}
 c.Autograde.autograde_preprocessors = _gpulab_swap_execute(c.Autograde.get("autograde_preprocessors"))
 c.JailedKernelManager.jail_args = {jail_args!r}
+c.JailedKernelManager.kernel_prefix = {kernel_prefix!r}
+c.JailedKernelManager.kernel_uid = {kernel_uid!r}
+c.SandboxedExecute.max_output_kb = {max_output_kb!r}
 c.SandboxedExecute.interrupt_grace = {grace}
 c.SandboxedExecute.clean_dir = {work!r}
 c.SandboxedExecute.clean_log = {clean_log!r}
@@ -128,7 +62,8 @@ c.SandboxedExecute.probes = {probes!r}
 c.Execute.shutdown_kernel = "immediate"
 """
 _NBGRADER_FILES = {"gradebook.db", "gradebook.db-journal", "gradebook.db-wal", "gradebook.db-shm",
-                   ".nbgrader.log", "nbgrader.log", "writes.jsonl", "nbgrader_config.py", "removed.txt"}
+                   ".nbgrader.log", "nbgrader.log", "writes.jsonl", "nbgrader_config.py", "removed.txt",
+                   "namespace.json"}
 
 
 def _snapshot(root: Path, skip: list[Path]) -> dict[str, tuple[int, int]]:
@@ -147,6 +82,22 @@ def _snapshot(root: Path, skip: list[Path]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _apparent_bytes(folders: list[Path], skip: set[str]) -> int:
+    """The size of every regular file under ``folders`` (links not followed), but those named in ``skip``."""
+    total = 0
+    for folder in folders:
+        for dirpath, _, filenames in os.walk(folder):
+            for name in filenames:
+                if name in skip:
+                    continue
+                try:
+                    st = os.lstat(os.path.join(dirpath, name))
+                except OSError:
+                    continue
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    return total
+
+
 def _font_cache() -> list[str]:
     """matplotlib's font list, copied into each sandbox so no kernel rebuilds it (seconds each)."""
     cache = os.environ.get("MPLCONFIGDIR") or os.path.join(
@@ -158,7 +109,7 @@ class SandboxError(RuntimeError):
     """The sandbox is not in force; grading must not go on without it."""
 
 
-def check_config(path: Path, jail_args: list[str]) -> None:
+def check_config(path: Path, jail_args: list[str], kernel_prefix: list[str] | None = None) -> None:
     """Load the sandbox's config as nbgrader will, and check it swaps in the sandboxed kernel.
 
     nbgrader logs an exception in ``nbgrader_config.py`` and then runs *without* the file, which
@@ -176,27 +127,19 @@ def check_config(path: Path, jail_args: list[str]) -> None:
     except Exception as err:  # noqa: BLE001 - any failure means the same: no sandbox
         raise SandboxError(f"{path} does not load ({type(err).__name__}: {err})") from None
     if SandboxedExecute not in config.Autograde.get("autograde_preprocessors", []) or \
-            config.JailedKernelManager.get("jail_args") != jail_args:
+            config.JailedKernelManager.get("jail_args") != jail_args or \
+            config.JailedKernelManager.get("kernel_prefix", []) != (kernel_prefix or []):
         raise SandboxError(f"{path} does not switch on the sandboxed kernel; check the course's nbgrader_config.py")
 
 
-def instructor_files(course: Path, box: Path, template_db: Path) -> list[Path]:
-    """What a student's kernel must not read: the whole course folder (a kernel needs nothing in it),
-    and the gradebooks and source folder of the sandbox (the gradebook holds the hidden tests)."""
-    course, box = course.resolve(), box.resolve()
-    if box.is_relative_to(course):  # a sandbox inside the course: keep the kernel's own folder readable
-        inside = [course / n for n in ("source", "submitted", "autograded", "feedback", "grading_logs")]
-        inside += list(course.glob("gradebook.db*"))
-    else:
-        inside = [course]
-    # the grading folder: other students' copies (their connection files, gradebooks), own gradebook
-    # and source; the kernel's own folders beneath it are granted back (``--read``)
-    return inside + [template_db.resolve(), box.parent.parent]
-
-
 def prepare(course: Path, template_db: Path, specs: dict[str, integrity.NotebookSpec], lab: str, student: str,
-            box: Path, limits: Limits) -> list[str]:
+            box: Path, limits: Limits, sub: isolation.Submission | None = None,
+            secrets: list[Path] | None = None) -> list[str]:
     """Build the isolated course for one submission; return integrity notes.
+
+    Args:
+        sub: the submission's OS isolation (its kernel's uid gets the kernel's folders).
+        secrets: what no kernel may read, beyond the course (:func:`readguard.repository_secrets`).
 
     Raises:
         integrity.UnreadableNotebook: a submitted notebook cannot be opened.
@@ -206,32 +149,41 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     shutil.copyfile(template_db, box / "gradebook.db")
     shutil.copytree(course / "source" / lab, box / "source" / lab,
                     ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints", "__pycache__"))
-    sub = box / "submitted" / student / lab
-    skipped = links.copy_regular(course / "submitted" / student / lab, sub, limits.max_notebook_mb * 2**20)
+    submitted = box / "submitted" / student / lab
+    skipped = links.copy_regular(course / "submitted" / student / lab, submitted, limits.max_notebook_mb * 2**20,
+                                 max_total=limits.max_submission_mb * 2**20)
     work = box / "autograded" / student / lab
     tmp = box / "tmp"
-    for d in (work, tmp / "matplotlib", tmp / "ipython", tmp / "runtime", tmp / "cache"):
+    for d in (work, tmp / "matplotlib", tmp / "ipython", tmp / "runtime", tmp / "cache", tmp / "home"):
         d.mkdir(parents=True)
     for f in _font_cache():
         shutil.copy(f, tmp / "matplotlib")
+    (box / "writes.jsonl").touch()
+    private_tmp = sub is not None and sub.plan.namespaces
+    if sub is not None and sub.uid is not None:
+        _hand_over(box, student, sub)
     jail_args = ["--memory-mb", str(limits.memory_mb), "--memory-rlimit", limits.memory_rlimit,
-                 "--fsize-mb", str(limits.fsize_mb), "--audit-log", str(box / "writes.jsonl")]
+                 "--fsize-mb", str(limits.fsize_mb), "--audit-log", str(box / "writes.jsonl"),
+                 "--home", str(tmp / "home"), "--oom-first"]
+    own = [work, tmp] + ([Path("/tmp")] if private_tmp else [])  # /tmp: the submission's private tmpfs
     if limits.confine_writes:
-        jail_args += ["--write", str(work), "--write", str(tmp)]
+        jail_args += [a for d in own for a in ("--write", str(d))]
     if limits.confine_reads:
-        for path in instructor_files(course, box, template_db):
+        for path in readguard.instructor_files(course, box, template_db) + list(secrets or []):
             jail_args += ["--no-read", str(path)]
-        jail_args += ["--read", str(work), "--read", str(tmp)]
+        jail_args += [a for d in own for a in ("--read", str(d))]
+    prefix = sub.kernel_prefix() if sub is not None else []
     tail = _CONFIG_TAIL.format(root=str(box), db_url=f"sqlite:///{box / 'gradebook.db'}", jail_args=jail_args,
                                grace=limits.interrupt_grace_s, work=str(work), clean_log=str(box / "removed.txt"),
-                               flagged=limits.flagged,
-                               probes=limits.probes)
+                               flagged=limits.flagged, probes=limits.probes, kernel_prefix=prefix,
+                               kernel_uid=sub.uid if sub is not None and sub.uid is not None else -1,
+                               max_output_kb=limits.max_output_kb)
     if limits.cell_timeout_s is not None:
         tail += f"c.Execute.timeout = {int(limits.cell_timeout_s)}\n"
     (box / "nbgrader_config.py").write_text((course / "nbgrader_config.py").read_text() + tail)
-    check_config(box / "nbgrader_config.py", jail_args)
+    check_config(box / "nbgrader_config.py", jail_args, prefix)
 
-    found = {p.stem for p in sub.glob("*.ipynb")}
+    found = {p.stem for p in submitted.glob("*.ipynb")}
     notes = [f"the submission held links or special files, not copied: {notes_mod.some(skipped)}"] if skipped else []
     notes += [f"{name}.ipynb is not part of {lab}; ignored" for name in sorted(found - set(specs))]
     missing = sorted(set(specs) - found)
@@ -240,15 +192,31 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
                                 f"(found: {', '.join(sorted(found)) or 'nothing'}); scored 0")
     notes += [f"{m}.ipynb is missing; it scores 0" for m in missing]
     for name in sorted(found & set(specs)):
-        notes += integrity.repair_notebook(sub / f"{name}.ipynb", specs[name])
-        notes += scan.scan_notes(integrity.read_notebook(sub / f"{name}.ipynb"), limits.flagged)
+        notes += integrity.repair_notebook(submitted / f"{name}.ipynb", specs[name])
+        notes += scan.scan_notes(integrity.read_notebook(submitted / f"{name}.ipynb"), limits.flagged)
     return notes
 
 
-def _env(box: Path, limits: Limits) -> dict[str, str]:
+def _hand_over(box: Path, student: str, sub: isolation.Submission) -> None:
+    """File permissions for a kernel under a uid of its own: it may pass through the grading copy
+    to its folders (``--x``), own its temp folder and audit log, and read nothing else there."""
+    for d in (box.parent.parent, box.parent, box, box / "autograded", box / "autograded" / student):
+        d.chmod(0o711)
+    for path in (box / "gradebook.db", box / "submitted", box / "source"):
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    sub.give(box / "tmp", box / "writes.jsonl")  # the kernel's own folder is handed over by nbgrader's side
+
+
+def _env(box: Path, limits: Limits, private_tmp: bool = False) -> dict[str, str]:
+    """nbgrader's (and so the kernel's) environment: every cache in the grading copy; ``TMPDIR`` is
+    the private tmpfs ``/tmp`` when the submission has a mount namespace, else ``box/tmp``."""
     tmp = box / "tmp"
-    extra = {"GPULAB_SANDBOX": str(box), "TMPDIR": str(tmp), "MPLCONFIGDIR": str(tmp / "matplotlib"),
+    extra = {"GPULAB_SANDBOX": str(box), "TMPDIR": "/tmp" if private_tmp else str(tmp),
+             "MPLCONFIGDIR": str(tmp / "matplotlib"),
              "IPYTHONDIR": str(tmp / "ipython"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+             # the grader's home may be hidden in the submission's namespace (nsinit.expose): the
+             # course's nbgrader_config.py is the configuration, not ~/.jupyter
+             "JUPYTER_CONFIG_DIR": str(tmp / "jupyter"), "JUPYTER_DATA_DIR": str(tmp / "jupyter" / "data"),
              "XDG_CACHE_HOME": str(tmp / "cache"), "TRITON_CACHE_DIR": str(tmp / "cache" / "triton"),
              # torch writes its own choice back into os.environ on first use of torch._dynamo, so a
              # grader process that used it would hand /tmp/torchinductor_<user> to every kernel.
@@ -260,22 +228,29 @@ def _env(box: Path, limits: Limits) -> dict[str, str]:
 
 
 def run_autograde(box: Path, lab: str, student: str, limits: Limits,
-                  cancel: threading.Event | None = None) -> tuple[int | None, bool]:
-    """``nbgrader autograde`` in ``box`` under the wall-clock limit.
+                  cancel: threading.Event | None = None,
+                  sub: isolation.Submission | None = None) -> tuple[int | None, bool]:
+    """``nbgrader autograde`` in ``box`` under the wall-clock limit, in the submission's namespaces
+    and cgroup when ``sub`` gives them; every process of the submission is gone when it returns.
 
     Returns:
         (exit status or None when killed, whether the wall-clock limit was hit).
     """
+    private_tmp = sub is not None and sub.plan.namespaces
     cmd = nbgrader_command() + ["autograde", lab, "--student", student, "--force"]
     if limits.confine_writes:
         # nbgrader itself writes only in the grading copy: a link the kernel left cannot carry its
         # writes into the course (Landlock; without it, links.remove_unsafe is the only guard)
-        cmd = [sys.executable, "-m", "gpulab.course.jail", "--write", str(box), "--", *cmd]
+        extra = (["/tmp"] if private_tmp else []) + (sub.kernel_cgroup_dirs() if sub is not None else [])
+        cmd = [sys.executable, "-m", "gpulab.course.jail", "--write", str(box),
+               *[a for d in extra for a in ("--write", d)], "--", *cmd]
+    if sub is not None:
+        cmd = sub.join_command() + sub.wrap(cmd, report=box / "namespace.json")
     t0 = time.monotonic()
     with open(box / "nbgrader.log", "wb") as log:
-        # A session of its own: a student's process group signals cannot reach the grader.
-        proc = subprocess.Popen(cmd, cwd=box, env=_env(box, limits), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        # A session of its own, no terminal: a student's process group signals cannot reach the grader.
+        proc = subprocess.Popen(cmd, cwd=box, env=_env(box, limits, private_tmp), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while True:
                 try:
@@ -286,7 +261,10 @@ def run_autograde(box: Path, lab: str, student: str, limits: Limits,
                         proc.wait()
                         return None, time.monotonic() - t0 > limits.wall_s
         finally:
-            kill_marked(str(box))
+            if sub is not None:
+                sub.finish()
+            if sub is None or not (sub.plan.namespaces or sub.group is not None):
+                kill_marked(str(box))  # no PID namespace, no cgroup: the environment marker is all there is
 
 
 def read_scores(result: SandboxResult, db_url: str) -> None:
@@ -305,28 +283,52 @@ def read_scores(result: SandboxResult, db_url: str) -> None:
 
 
 def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity.NotebookSpec], lab: str,
-                     student: str, box: Path, limits: Limits, cancel: threading.Event | None = None) -> SandboxResult:
-    """Grade one submission in ``box`` (a new folder); never raises for anything the student did."""
+                     student: str, box: Path, limits: Limits, cancel: threading.Event | None = None,
+                     plan: isolation.Plan | None = None, secrets: list[Path] | None = None) -> SandboxResult:
+    """Grade one submission in ``box`` (a new folder); never raises for anything the student did.
+
+    Args:
+        plan: the OS isolation this machine gives (:func:`isolation.detect`); None: none.
+        secrets: paths beyond the course that no kernel may read (:func:`readguard.repository_secrets`).
+    """
     t0 = time.perf_counter()
     result = SandboxResult(student, lab, log=box / "nbgrader.log")
+    sub = None
+    if plan is not None:
+        sub = isolation.Submission(plan, limits.pids_max, limits.cgroup_memory_mb(), limits.tmp_mb, limits.shm_mb)
     try:
-        result.notes += prepare(course, template_db, specs, lab, student, box, limits)
-    except integrity.UnreadableNotebook as err:
-        result.status, result.notes = "unreadable", [str(err)]
-        return result
-    except FileNotFoundError as err:
-        result.status, result.notes = "missing", [str(err)]
-        return result
-    work = box / "autograded" / student / lab
-    before = _snapshot(box, [box / "autograded", box / "tmp"])
-    rc, timed_out = run_autograde(box, lab, student, limits, cancel)
+        try:
+            result.notes += prepare(course, template_db, specs, lab, student, box, limits, sub, secrets)
+        except integrity.UnreadableNotebook as err:
+            result.status, result.notes = "unreadable", [str(err)]
+            return result
+        except FileNotFoundError as err:
+            result.status, result.notes = "missing", [str(err)]
+            return result
+        before = _snapshot(box, [box / "autograded", box / "tmp"])
+        rc, timed_out = run_autograde(box, lab, student, limits, cancel, sub)
+    finally:
+        if sub is not None:
+            result.peaks = sub.finish()  # also when prepare failed: no cgroup is left behind
     result.seconds = time.perf_counter() - t0
+    result.notes += notes_mod.isolation_notes(result.peaks, limits.pids_max, limits.cgroup_memory_mb(),
+                                              box / "namespace.json", limits.tmp_mb, limits.shm_mb)
+    return _collect(result, box, student, lab, specs, limits, rc, timed_out, before)
+
+
+def _collect(result: SandboxResult, box: Path, student: str, lab: str, specs: dict[str, integrity.NotebookSpec],
+             limits: Limits, rc: int | None, timed_out: bool, before: dict[str, tuple[int, int]]) -> SandboxResult:
+    """Read what the run left: planted files, stray writes, the jail's log, the notebooks' notes, the scores."""
+    work = box / "autograded" / student / lab
     planted = links.remove_unsafe(box)  # the kernel's processes are gone: nothing re-plants them now
     if (box / "removed.txt").is_file():  # what nbgrader's SandboxedExecute removed when the kernel stopped
         planted = (box / "removed.txt").read_text().split("\n")[:-1] + planted
     planted = [p for p in planted if not p.startswith("tmp/")]  # sockets of DataLoader workers, harmless there
     if planted:
         result.notes.append(f"left links or special files in its folder, removed unread: {notes_mod.some(planted)}")
+    left = _apparent_bytes([work, box / "tmp"], skip={f"{name}.ipynb" for name in specs})
+    if left > limits.max_notebook_mb * 2**20:  # sparse files count at their full size: that is what a copy costs
+        result.notes.append(f"left {left / 2**20:.0f} MiB of files in its folders (apparent size); none is kept")
     after = _snapshot(box, [work, box / "tmp"])
     strays = sorted(p for p, st in after.items() if before.get(p) != st and p not in _NBGRADER_FILES)
     result.landlock, refused, reads = notes_mod.read_write_log(box / "writes.jsonl")

@@ -165,8 +165,11 @@ def parse_fingerprint(stdout: str) -> dict[str, Any] | None:
 
 
 def _allowed_callback(module: str) -> bool:
-    # matplotlib registers a post_execute hook when pyplot is imported; IPython and ipykernel their own.
-    return module.split(".")[0] in ("matplotlib", "matplotlib_inline", "IPython", "ipykernel")
+    # matplotlib registers a post_execute hook when pyplot is imported; IPython and ipykernel their own;
+    # ray.init() one that flushes its workers' logs after each cell (lab 10). A student's callback
+    # that claims one of these modules is still caught by the canary, and by the static scan's
+    # "IPython events" pattern.
+    return module.split(".")[0] in ("matplotlib", "matplotlib_inline", "IPython", "ipykernel", "ray")
 
 
 def compare(before: dict[str, Any], now: dict[str, Any] | None) -> list[str]:

@@ -7,6 +7,13 @@
   ``forbidden`` argument of :func:`check_not_calling`.
 
 The library (instruments and references) never imports this package; it imports the library.
+
+What these checks cannot see: gpulab's references are public (students import gpulab), so a
+student can read a reference's source and retype it, with other names or in another order. The
+result is the student's own code as far as any program can tell, and :func:`check_not_calling`
+passes it: it catches calls to a reference and exact copies of one (the same bytecode, constants
+and names), not paraphrases. That case is left to a human reading the submission (see
+docs/instructor.md, "Threat model").
 """
 
 from gpulab.grading.checks import (

@@ -251,6 +251,12 @@ def check_not_calling(
     so a copy of a reference counts as the reference, and turning the profiler off
     (``sys.setprofile(None)``) while the check runs fails it.
 
+    What it does not catch: a student who reads the reference's source (gpulab is installed
+    with the labs) and retypes it, renamed or reordered, writes code that is the student's own as
+    far as any program can tell; that passes. So do calls from a thread started before the check
+    and from another process, which the profiler does not see. Those are left to a human reading
+    the submission (docs/instructor.md, "Threat model").
+
     Returns:
         Whatever ``fn`` returned, so the caller can go on checking the result.
     """

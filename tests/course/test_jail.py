@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpulab.course import notes
 from gpulab.course.jail import landlock_abi
 
@@ -78,3 +80,19 @@ def test_jail_memory_limit_raises_memory_error_in_the_student_code(tmp_path: Pat
     proc = _jail(tmp_path, code, "--memory-mb", "512")
     assert proc.returncode == 0 and "MemoryError" in proc.stdout, proc.stderr
     assert "MemoryError" not in _jail(tmp_path, code, "--memory-mb", "0").stdout
+
+
+def test_audit_hook_lets_the_most_specific_rule_win(tmp_path: Path) -> None:
+    # the kernel's own folder lies inside the denied grading folder: readable; a denied course inside an
+    # allowed folder (the private /tmp): refused, and logged
+    from gpulab.course.jail import file_guard
+    log: list[dict] = []
+    hook = file_guard(None, log.append, unreadable=[str(tmp_path / "grading"), str(tmp_path / "tmp" / "course")],
+                      readable=[str(tmp_path / "grading" / "me"), str(tmp_path / "tmp")])
+    hook("open", (str(tmp_path / "grading" / "me" / "data.csv"), "r", 0))
+    hook("open", (str(tmp_path / "tmp" / "scratch.bin"), "r", 0))
+    for denied in (tmp_path / "grading" / "classmate" / "gradebook.db", tmp_path / "tmp" / "course" / "lab.ipynb"):
+        with pytest.raises(PermissionError, match="not allowed"):
+            hook("open", (str(denied), "rb", 0))
+    assert [e["path"] for e in log] == [str(tmp_path / "grading" / "classmate" / "gradebook.db"),
+                                        str(tmp_path / "tmp" / "course" / "lab.ipynb")]

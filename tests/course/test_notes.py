@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 
 from gpulab.course import notes
-from gpulab.course.execute import KERNEL_DIED, NOT_RUN, TIMEOUT, error_output
+from gpulab.course.execute import KERNEL_DIED, NOT_RUN, OUTPUT_CAPPED, TIMEOUT, error_output
 
 
 def test_notes_name_the_cell_and_the_limit(tmp_path: Path) -> None:
@@ -28,3 +28,15 @@ def test_notes_name_the_cell_and_the_limit(tmp_path: Path) -> None:
     log = tmp_path / "nbgrader.log"
     log.write_text("[AutogradeApp | ERROR] boom\n    ValueError: the real reason\n[AutogradeApp | ERROR] There was an error processing x\n")
     assert notes.last_error(log) == "ValueError: the real reason"
+
+
+def test_a_capped_output_is_noted(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print(...)", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="x" * 10),
+        nbformat.v4.new_output("stream", name="stderr", text=f"{OUTPUT_CAPPED} 199.0 MiB past 1024 KiB]\n")])
+    cell.metadata["nbgrader"] = {"grade_id": "flood_impl"}
+    nb.cells.append(cell)
+    nbformat.write(nb, str(tmp_path / "lab.ipynb"))
+    assert notes.output_notes(tmp_path / "lab.ipynb", 20, 1024) == [
+        "cell 0 (flood_impl) printed too much output; dropped 199.0 MiB past 1024 KiB"]

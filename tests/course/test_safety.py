@@ -55,6 +55,18 @@ def test_copy_regular_copies_plain_files_and_names_the_rest(hostile, tmp_path: P
     assert "big.ipynb (larger than 0 MiB)" in links.copy_regular(folder, tmp_path / "copy2", max_bytes=2000)
 
 
+def test_copy_regular_stops_at_the_submissions_total_and_copies_notebooks_first(tmp_path: Path) -> None:
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    for name in ("a.bin", "b.bin", "c.bin"):  # sparse: nothing on disk, 3 MiB each to a copy
+        with open(folder / name, "wb") as fh:
+            fh.truncate(3 * 2**20)
+    (folder / "z_lab.ipynb").write_text("{}")
+    skipped = links.copy_regular(folder, tmp_path / "copy", max_bytes=4 * 2**20, max_total=7 * 2**20)
+    assert skipped == ["c.bin (past the 7 MiB a submission may hold in all)"]
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["a.bin", "b.bin", "z_lab.ipynb"]
+
+
 def test_remove_unsafe_deletes_links_fifos_and_hard_links_without_following(hostile) -> None:
     folder, outside = hostile
     removed = links.remove_unsafe(folder)

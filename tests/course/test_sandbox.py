@@ -18,6 +18,12 @@ def test_limits_reject_bad_values_with_the_fix() -> None:
     with pytest.raises(ValueError, match="'data' or 'as'"):
         Limits(memory_rlimit="rss")
     assert Limits(memory_mb=0).memory_mb == 0  # 0 switches the cap off
+    with pytest.raises(ValueError, match="at least 64 tasks"):
+        Limits(pids_max=10)
+    with pytest.raises(ValueError, match="at least 16 MiB"):
+        Limits(shm_mb=1)
+    assert Limits(memory_mb=1024, tmp_mb=100, shm_mb=200).cgroup_memory_mb() == 1024 + 100 + 200 + 1024
+    assert Limits(memory_mb=0).cgroup_memory_mb() == 0
 
 
 def test_kernel_environment_keeps_every_cache_in_the_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,3 +37,6 @@ def test_kernel_environment_keeps_every_cache_in_the_box(tmp_path: Path, monkeyp
     env = _env(tmp_path, Limits())
     for key in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
         assert Path(env[key]).is_relative_to(tmp_path / "tmp"), (key, env[key])
+    # with a mount namespace, TMPDIR is the submission's private, size-capped /tmp; caches stay in the box
+    env = _env(tmp_path, Limits(), private_tmp=True)
+    assert env["TMPDIR"] == "/tmp" and Path(env["MPLCONFIGDIR"]).is_relative_to(tmp_path / "tmp")

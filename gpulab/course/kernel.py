@@ -1,0 +1,90 @@
+"""How nbgrader starts and talks to a student's kernel in the sandbox.
+
+:class:`JailedKernelManager` puts the kernel's prefix (its cgroup leaf, then ``setpriv``: a uid
+of its own, no capabilities) and ``python -m gpulab.course.jail`` (limits, Landlock, audit hook)
+in front of the kernel's command, and hands the kernel its folder and connection file.
+:class:`CappedKernelClient` refuses a message too big to read without letting nbgrader's memory
+grow with it. :class:`gpulab.course.execute.SandboxedExecute` uses both.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import zmq
+import zmq.asyncio
+from jupyter_client import AsyncKernelManager
+from jupyter_client.asynchronous import AsyncKernelClient
+from traitlets import DottedObjectName, Integer, List, Type, Unicode
+
+from gpulab.course import isolation
+
+# The largest message nbgrader reads from the kernel: past it, libzmq drops the connection instead
+# of reading the message into nbgrader's memory. A plot is well under 1 MiB.
+MAX_MESSAGE_BYTES = 32 * 2**20
+
+
+class CappedKernelClient(AsyncKernelClient):
+    """jupyter_client's client whose sockets refuse a message over :data:`MAX_MESSAGE_BYTES`.
+
+    libzmq reads a message whole before handing it over, so without the cap one huge ``print``
+    costs nbgrader about four times its size (the frame, the bytes, the decoded JSON). With it,
+    libzmq drops the connection at the oversized frame and does not reconnect (a protocol error
+    ends the session): :meth:`iopub_lost` notices that, and :meth:`reopen_iopub` connects a new
+    IOPub socket and waits until the kernel's messages arrive again.
+    """
+
+    def _context_default(self) -> zmq.asyncio.Context:
+        self._created_context = True
+        ctx = zmq.asyncio.Context()
+        ctx.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        return ctx
+
+    def connect_iopub(self, identity: bytes | None = None) -> zmq.Socket:
+        sock = super().connect_iopub(identity)
+        self._watch = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._watch_sync = zmq.Socket.shadow(self._watch.underlying)  # polled without an event loop
+        return sock
+
+    def iopub_lost(self) -> bool:
+        """Whether the IOPub connection was dropped (an oversized message)."""
+        watch = getattr(self, "_watch_sync", None)
+        return bool(watch is not None and watch.poll(0))
+
+    async def reopen_iopub(self, timeout: float = 30) -> None:
+        """A fresh IOPub socket, once the kernel's messages reach it."""
+        old = self._iopub_channel
+        self._iopub_channel = None
+        if old is not None:
+            old.socket.disable_monitor()
+            self._watch.close(linger=0)
+            old.close()
+        self.iopub_channel.start()
+        await self._async_wait_for_ready(timeout=timeout)
+
+
+class JailedKernelManager(AsyncKernelManager):
+    """Starts the kernel through ``python -m gpulab.course.jail`` (limits, Landlock, audit hook),
+    after ``kernel_prefix`` (``setpriv``: the kernel's own uid and no capabilities).
+
+    The jail and setpriv exec the kernel in place (no extra process in between), so
+    jupyter_client's interrupts and kills reach the kernel itself.
+    """
+
+    jail_args = List(Unicode(), help="arguments for python -m gpulab.course.jail").tag(config=True)
+    kernel_prefix = List(Unicode(), help="command put before the jail (setpriv ...)").tag(config=True)
+    kernel_uid = Integer(-1, help="the kernel's uid: its folder and connection file are handed to it "
+                                  "(-1: the kernel keeps nbgrader's uid)").tag(config=True)
+    client_class = DottedObjectName("gpulab.course.kernel.CappedKernelClient")
+    client_factory = Type(CappedKernelClient, klass="jupyter_client.asynchronous.AsyncKernelClient")
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        cmd = super().format_kernel_cmd(extra_arguments)
+        if self.kernel_uid >= 0:  # called once the connection file is written, before the launch
+            cwd = (self._launch_args or {}).get("cwd")
+            isolation.give(self.kernel_uid, self.connection_file, *([cwd] if cwd else []))
+        if not self.jail_args:
+            return [*self.kernel_prefix, *cmd]
+        if len(cmd) >= 3 and cmd[1] == "-m":  # a Python kernel: the jail imports and runs the module
+            return [*self.kernel_prefix, cmd[0], "-m", "gpulab.course.jail", *self.jail_args, "--", *cmd[1:]]
+        return [*self.kernel_prefix, sys.executable, "-m", "gpulab.course.jail", *self.jail_args, "--", *cmd]

@@ -1,0 +1,109 @@
+"""What one submission may use (:class:`Limits`, set by ``make grade``'s variables and flags) and
+what grading it produced (:class:`SandboxResult`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Limits:
+    """What one submission may use. ``make grade`` sets them from WALL_TIMEOUT, CELL_TIMEOUT,
+    MEMORY_MB (see docs/instructor.md).
+
+    Attributes:
+        wall_s: wall-clock seconds for the whole autograde of one submission.
+        cell_timeout_s: seconds per cell; None keeps ``c.Execute.timeout`` of nbgrader_config.py.
+        memory_mb: memory cap of the kernel (and each process it starts), MiB; 0 = none.
+        memory_rlimit: "data" (RLIMIT_DATA, what code allocates) or "as" (RLIMIT_AS, address space).
+        fsize_mb: largest file the kernel may write, MiB; 0 = none.
+        threads: OMP/MKL threads per kernel; None = all (the grader sets cores // jobs).
+        interrupt_grace_s: seconds a kernel has to stop after a cell times out before it is killed.
+        confine_writes: refuse writes outside the submission's folder and its temp folder.
+        confine_reads: refuse reading the instructor's files: the course folder (solutions, hidden
+            tests, other students' work, the gradebook), the sandbox's gradebook copies and every
+            other submission's grading copy.
+        max_notebook_mb: largest notebook (or other file) copied from a submission, or back from
+            its grading copy, MiB.
+        flagged: "note" (default): code only tampering needs (:mod:`gpulab.course.scan`) gets a
+            note; "zero": the test cells after the first flagged cell also score 0.
+        probes: snapshot the tests' tools and run a canary after each test cell
+            (:mod:`gpulab.course.tamper`).
+        pids_max: most tasks (processes and threads) one submission may hold at once, nbgrader's
+            included (cgroup ``pids.max``).
+        tmp_mb, shm_mb: sizes of the kernel's private ``/tmp`` and ``/dev/shm`` (tmpfs, MiB).
+            The cgroup's memory cap is ``memory_mb`` + both + :data:`NBGRADER_MB`.
+        max_output_kb: output kept per cell (text, images), KiB; the rest is dropped and noted.
+        max_submission_mb: the most bytes copied from one submission folder, MiB.
+        allow_weaker: grade even where an OS protection is missing
+            (:mod:`gpulab.course.isolation`); each row then names what was off.
+    """
+
+    wall_s: float = 900.0
+    cell_timeout_s: int | None = None
+    memory_mb: int = 4096
+    memory_rlimit: str = "data"
+    fsize_mb: int = 1024
+    threads: int | None = None
+    interrupt_grace_s: int = 10
+    confine_writes: bool = True
+    confine_reads: bool = True
+    max_notebook_mb: int = 100
+    flagged: str = "note"
+    probes: bool = True
+    pids_max: int = 1024
+    tmp_mb: int = 1024
+    shm_mb: int = 1024
+    max_output_kb: int = 1024
+    max_submission_mb: int = 300
+    allow_weaker: bool = False
+
+    def __post_init__(self) -> None:
+        if self.wall_s <= 0:
+            raise ValueError(f"wall_s={self.wall_s}: the wall-clock limit must be positive (e.g. 900)")
+        if self.cell_timeout_s is not None and self.cell_timeout_s <= 0:
+            raise ValueError(f"cell_timeout_s={self.cell_timeout_s}: use a positive number of seconds, or None "
+                             "for nbgrader_config.py's c.Execute.timeout")
+        if self.memory_mb < 0 or 0 < self.memory_mb < 256:
+            raise ValueError(f"memory_mb={self.memory_mb}: a kernel that imports torch needs at least 256 MiB "
+                             "(0 turns the limit off)")
+        if self.memory_rlimit not in ("data", "as"):
+            raise ValueError(f"memory_rlimit={self.memory_rlimit!r}: use 'data' or 'as'")
+        if self.flagged not in ("note", "zero"):
+            raise ValueError(f"flagged={self.flagged!r}: use 'note' (flag only) or 'zero' (the tests after it score 0)")
+        if self.max_notebook_mb < 1:
+            raise ValueError(f"max_notebook_mb={self.max_notebook_mb}: use at least 1 MiB")
+        if self.pids_max < 64:
+            raise ValueError(f"pids_max={self.pids_max}: a kernel with torch's threads needs at least 64 tasks")
+        if min(self.tmp_mb, self.shm_mb) < 16:
+            raise ValueError(f"tmp_mb={self.tmp_mb}, shm_mb={self.shm_mb}: give /tmp and /dev/shm at least 16 MiB each")
+        if self.max_output_kb < 16:
+            raise ValueError(f"max_output_kb={self.max_output_kb}: keep at least 16 KiB of output per cell")
+
+    def cgroup_memory_mb(self) -> int:
+        """The memory cap of the submission's whole cgroup (0: none)."""
+        return self.memory_mb + self.tmp_mb + self.shm_mb + NBGRADER_MB if self.memory_mb else 0
+
+
+# What nbgrader itself may take beside the kernel (it holds the notebook and its outputs).
+NBGRADER_MB = 1024
+
+
+@dataclass
+class SandboxResult:
+    """What grading one submission produced, before it is merged into the real gradebook."""
+
+    student: str
+    lab: str
+    status: str = "graded"  # graded | unreadable | missing | failed | timeout
+    notes: list[str] = field(default_factory=list)
+    grades: dict[tuple[str, str], float | None] = field(default_factory=dict)  # (notebook, cell) -> auto score
+    comments: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    late_penalties: dict[str, float | None] = field(default_factory=dict)
+    timestamp: object = None
+    autograded: Path | None = None
+    log: Path | None = None
+    seconds: float = 0.0
+    landlock: bool | None = None
+    peaks: dict[str, int | None] = field(default_factory=dict)

@@ -1,0 +1,196 @@
+"""The first process of a submission's namespaces: join its cgroup, mount its private ``/tmp``,
+``/dev/shm`` and ``/dev/pts``, bring up loopback, then run nbgrader and reap what is left.
+
+:mod:`gpulab.course.isolation` starts it through util-linux ``unshare`` (new PID, mount, IPC,
+network and UTS namespaces; a user namespace too where the grader is not root)::
+
+    unshare --pid --fork --kill-child --mount-proc --mount --propagation private --ipc --net --uts \\
+        -- python -m gpulab.course.nsinit --cgroup-procs /sys/fs/cgroup/pids/gpulab-grade-1-0/cgroup.procs \\
+           --tmp-mb 1024 --shm-mb 1024 --report box/namespace.json -- python -m gpulab.course.jail ... -- nbgrader ...
+
+It is PID 1 of the new PID namespace, which is why it exists: when PID 1 exits, Linux kills
+every other process of the namespace, whatever session, process group or environment it gave
+itself. PID 1 also inherits every orphan, so it reaps them (a plain kernel as PID 1 would
+collect zombies, and would ignore signals it has no handler for, ``SIGKILL`` from inside
+included). Signals the grader sends (``SIGINT``, ``SIGTERM``) are passed on to nbgrader.
+
+The mounts are plain ``mount(2)`` calls (this process has ``CAP_SYS_ADMIN`` over the new mount
+namespace: as root, or as root of the new user namespace); ``/proc`` is mounted by ``unshare
+--mount-proc``. They live as long as the namespace: the kernel's ``/tmp`` and ``/dev/shm`` go when
+its last process goes, and while they exist their pages count in the submission's memory cgroup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import fcntl
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+from typing import TextIO
+
+# include/uapi/linux/mount.h
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 2, 4, 4096, 16384
+# include/uapi/linux/sockios.h and if.h
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def mount(source: str, target: str, fstype: str | None, flags: int = 0, data: str = "") -> None:
+    """``mount(2)``; raises OSError naming the target."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, ctypes.c_ulong(flags),
+                  data.encode() if data else None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype or 'bind'} on {target} failed: {os.strerror(err)}")
+
+
+def loopback_up() -> None:
+    """Bring ``lo`` up (a new network namespace starts with it down; ZMQ and gloo need it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        req = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def private_mounts(tmp_mb: int, shm_mb: int) -> None:
+    """Fresh size-capped tmpfs on ``/tmp`` and ``/dev/shm``, and a devpts instance of its own on
+    ``/dev/pts`` (the machine's terminals, the instructor's included, are not in it)."""
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+    if os.path.isdir("/dev/shm"):
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_mb}m,mode=1777")
+    if os.path.isdir("/dev/pts"):
+        mount("devpts", "/dev/pts", "devpts", MS_NOSUID, "newinstance,ptmxmode=0666,mode=0620")
+        if os.path.exists("/dev/ptmx"):
+            mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)  # openpty() allocates in the new instance
+
+
+def _closed_ancestor(path: str) -> str | None:
+    """The topmost folder above ``path`` that other users cannot pass through (no ``o+x``)."""
+    parts = path.strip("/").split("/")
+    for i in range(1, len(parts)):
+        folder = "/" + "/".join(parts[:i])
+        if not os.stat(folder).st_mode & 0o001:
+            return folder
+    return None
+
+
+def expose(paths: list[str]) -> list[str]:
+    """Let a kernel under a uid of its own reach ``paths`` (the Python it runs, gpulab) when a
+    folder above them is closed to other users (``/root`` is 0700, and pyenv installs Python
+    there): over each such folder, mount an empty tmpfs, and bind each path back into it. The
+    rest of that folder (the instructor's home) is then not in the submission's namespace at all.
+    Returns the folders replaced."""
+    closed: dict[str, list[str]] = {}
+    for path in paths:
+        top = _closed_ancestor(path)
+        if top is not None:
+            closed.setdefault(top, []).append(path)
+    for top, inside in closed.items():
+        fds = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside]  # held while the folder is covered
+        try:
+            mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            for path, fd in zip(inside, fds):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        finally:
+            for fd in fds:
+                os.close(fd)
+    return sorted(closed)
+
+
+def run(command: list[str], report_to: TextIO | None) -> int:
+    """Start ``command``, pass on the grader's signals, reap every orphan; return its exit status."""
+    child = os.fork()
+    if child == 0:
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            os.execvp(command[0], command)
+        finally:
+            os._exit(127)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    while True:
+        try:
+            pid, status, usage = os.wait4(-1, 0)
+        except ChildProcessError:
+            return 1
+        except InterruptedError:
+            continue
+        if pid == child:
+            if report_to is not None:
+                json.dump(report(usage.ru_maxrss), report_to)
+                report_to.close()
+            return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def _used_mb(path: str) -> float | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return round((st.f_blocks - st.f_bfree) * st.f_frsize / 2**20, 1)
+
+
+def report(maxrss_kib: int) -> dict[str, object]:
+    """What the submission leaves when nbgrader is done, before the namespace goes: nbgrader's peak
+    memory (its kernel's included), what is still in ``/tmp`` and ``/dev/shm``, and every process
+    still running (it outlived its kernel and the grader's stop of the kernel's processes)."""
+    left = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    head, _, tail = fh.read().rpartition(")")
+            except OSError:
+                continue
+            if tail.split()[:1] != ["Z"]:  # a zombie is already dead, waiting to be reaped
+                left.append(head.partition("(")[2])
+    return {"maxrss_kib": maxrss_kib, "tmp_used_mb": _used_mb("/tmp"), "shm_used_mb": _used_mb("/dev/shm"),
+            "left_running": sorted(left)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m gpulab.course.nsinit", description=__doc__.splitlines()[0])
+    p.add_argument("--cgroup-procs", action="append", default=[], help="a cgroup.procs file to join (repeat)")
+    p.add_argument("--tmp-mb", type=int, default=1024)
+    p.add_argument("--shm-mb", type=int, default=1024)
+    p.add_argument("--no-mounts", action="store_true", help="keep the machine's /tmp and /dev/shm")
+    p.add_argument("--expose", action="append", default=[],
+                   help="a path the kernel's uid must reach through a closed folder (repeat)")
+    p.add_argument("--report", default=None, help="write what the submission left here (JSON, nsinit.report)")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise SystemExit("nothing to run: give the command after --")
+    # opened before the mounts: a path under /tmp would be hidden by the private /tmp
+    report_to = open(args.report, "w") if args.report else None  # noqa: SIM115 - closed once written
+    try:
+        for procs in args.cgroup_procs:  # first: every process from here on is in the group
+            with open(procs, "w") as fh:
+                fh.write("0")
+        if not args.no_mounts:
+            private_mounts(args.tmp_mb, args.shm_mb)
+            expose(args.expose)
+        loopback_up()
+    except OSError as err:
+        print(f"gpulab.course.nsinit: the submission's namespaces could not be set up: {err}", file=sys.stderr)
+        sys.exit(125)
+    sys.exit(run(command, report_to))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""gpulab.course.isolation, cgroups and nsinit: each submission's namespaces, cgroup and kernel uid,
+tried for real on this machine (root on Linux here and in CI); and the refusal, flag and note where
+a layer is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import tty
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpulab.course import cgroups, isolation
+from gpulab.course.notes import isolation_notes
+
+PLAN = isolation.detect()
+needs_ns = pytest.mark.skipif(not PLAN.namespaces, reason=f"no namespaces here: {PLAN.why_not_namespaces}")
+needs_cgroups = pytest.mark.skipif(not PLAN.cgroups.complete, reason=f"no cgroups here: {PLAN.cgroups.describe()}")
+needs_root = pytest.mark.skipif(not PLAN.kernel_uid, reason="the kernel's own uid needs a root grader and setpriv")
+SLEEP = "import time; time.sleep(300)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@needs_cgroups
+def test_cgroup_caps_the_kernels_processes_and_kills_the_whole_group() -> None:
+    group = cgroups.Group(PLAN.cgroups, pids_max=64, memory_bytes=512 * 2**20)
+    # joins the kernel leaf as a kernel does, forks until refused, then leaves its children sleeping
+    code = """
+import os, time
+born = 0
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(300)
+        os._exit(0)
+    born += 1
+print(born, flush=True)
+time.sleep(300)
+"""
+    cmd = isolation._joiner(group.procs_files("kernel")) + [sys.executable, "-c", code]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        born = int(proc.stdout.readline())
+        assert 40 < born < 64, born  # the cap counts the parent and its threads too
+        members = group.members()
+        assert proc.pid in members and len(members) == born + 1
+        peaks = group.peaks()
+        assert peaks["pids_refused"] and peaks["pids_peak"] == 64
+        assert group.kill() == born + 1
+        proc.wait(timeout=10)
+        assert not any(_alive(pid) for pid in members)
+    finally:
+        group.kill()
+        group.remove()
+    assert not any(d.exists() for d in group.dirs.values())
+    assert any("hit the cap of 64 processes" in n for n in isolation_notes(peaks, 64, 512, Path("/nonexistent")))
+
+
+@needs_cgroups
+def test_cgroup_memory_cap_holds_the_whole_group() -> None:
+    group = cgroups.Group(PLAN.cgroups, pids_max=64, memory_bytes=256 * 2**20)
+    code = "b = bytearray(600 * 2**20)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\nprint('survived')"
+    try:
+        proc = subprocess.run(isolation._joiner(group.procs_files("kernel")) + [sys.executable, "-c", code],
+                              capture_output=True, text=True, timeout=120)
+        assert "survived" not in proc.stdout and proc.returncode == -9, (proc.returncode, proc.stderr[-300:])
+        peaks = group.peaks()
+        assert peaks["oom_kills"] == 1 and peaks["memory_peak"] >= 250 * 2**20, peaks
+    finally:
+        group.kill()
+        group.remove()
+
+
+@needs_ns
+def test_namespaces_give_a_private_tmp_shm_pts_network_and_pid_space(tmp_path: Path) -> None:
+    sub = isolation.Submission(PLAN, pids_max=128, memory_mb=1024, tmp_mb=32, shm_mb=16)
+    tag = f"gpulab-test-{os.getpid()}"
+    code = f"""
+import os, socket, subprocess
+print("pids", sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+st = os.statvfs("/tmp"); print("tmp_mb", st.f_blocks * st.f_frsize >> 20)
+st = os.statvfs("/dev/shm"); print("shm_mb", st.f_blocks * st.f_frsize >> 20)
+print("pts", sorted(os.listdir("/dev/pts")))
+print("nics", sorted(n for _, n in socket.if_nameindex()))
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()  # loopback is up (ZMQ and gloo need it)
+open("/tmp/{tag}", "w").write("x"); open("/dev/shm/{tag}", "w").write("x")
+try:
+    open("/dev/shm/{tag}-big", "wb").write(b"x" * 32 * 2**20)
+except OSError as err:
+    print("shm full:", err.errno)
+subprocess.Popen(["sleep", "{os.getpid() % 10000 + 40000}"], start_new_session=True)  # detached: dies with the namespace
+"""
+    report = tmp_path / "report.json"
+    try:
+        proc = subprocess.run(sub.wrap([sys.executable, "-c", code], report=report), capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        peaks = sub.finish()
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert "pids [1, 2]" in out and "tmp_mb 32" in out and "shm_mb 16" in out and "shm full: 28" in out
+    assert "pts ['ptmx']" in out and "nics ['lo']" in out
+    assert not Path(f"/tmp/{tag}").exists() and not Path(f"/dev/shm/{tag}").exists()
+    assert not any(p.info["cmdline"] == ["sleep", str(os.getpid() % 10000 + 40000)]
+                   for p in psutil.process_iter(["cmdline"]))
+    left = json.loads(report.read_text())
+    assert left["left_running"] == ["sleep"] and left["shm_used_mb"] >= 15
+    notes = isolation_notes(peaks, 128, 1024, report, tmp_mb=32, shm_mb=16)
+    assert any("filled its private /dev/shm" in n for n in notes)
+    assert any("1 process(es) it started outlived its kernel (sleep)" in n for n in notes)
+
+
+@needs_root
+def test_the_kernel_runs_under_an_unused_uid_with_no_capabilities_and_cannot_type_into_a_terminal() -> None:
+    sub = isolation.Submission(PLAN, pids_max=128, memory_mb=0, tmp_mb=32, shm_mb=32)
+    master, slave = os.openpty()
+    tty.setraw(slave)  # a keystroke is readable at once, without a newline
+    code = f"""
+import fcntl, os, termios
+print("uid", os.getuid(), os.getgid(), os.getgroups())
+print([line for line in open("/proc/self/status") if line.startswith("CapEff")][0].split()[1])
+try:
+    fd = os.open({os.ttyname(slave)!r}, os.O_RDONLY | os.O_NOCTTY)
+    fcntl.ioctl(fd, termios.TIOCSTI, b"x")
+    print("TYPED")
+except OSError as err:
+    print("refused", err.errno)
+"""
+    try:
+        prefix = sub.kernel_prefix()
+        assert "setpriv" in prefix
+        proc = subprocess.run(prefix + [sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        # the same attack as root, with no prefix: typed (so the check above can fail)
+        root = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    finally:
+        sub.finish()
+    assert f"uid {sub.uid} {sub.uid} []" in proc.stdout and sub.uid in isolation.KERNEL_UIDS, proc.stdout + proc.stderr
+    assert "0000000000000000" in proc.stdout and "TYPED" not in proc.stdout and "refused" in proc.stdout
+    assert "TYPED" in root.stdout
+    os.set_blocking(slave, False)
+    assert os.read(slave, 10) == b"x"  # root's keystroke, and only it
+    with pytest.raises(BlockingIOError):
+        os.read(slave, 10)
+    os.close(master)
+    os.close(slave)
+
+
+def _weak(plan: isolation.Plan) -> isolation.Plan:
+    """This machine's plan, with the user namespaces, the kernel's uid and the cgroups taken away."""
+    return replace(plan, namespaces=False, why_not_namespaces="unshare failed: simulated", kernel_uid=False,
+                   cgroups=cgroups.Support(why_not={"pids.max": "simulated", "memory": "simulated"}))
+
+
+def test_a_missing_layer_is_named_in_the_refusal_with_the_flag() -> None:
+    weak = _weak(PLAN)
+    names = [layer.name for layer in weak.off()]
+    assert names[:4] == ["kernel identity", "namespaces", "cgroup limits", "whole-group kill"]
+    text = weak.refusal()
+    assert "namespaces: unshare failed: simulated" in text and "ALLOW_WEAKER_SANDBOX=1" in text
+    assert "--allow-weaker-sandbox" in text
+    assert weak.note().startswith("graded with weaker isolation: kernel identity off")
+    assert PLAN.note() == "" or PLAN.off()  # the full plan adds no note
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+def test_make_grade_refuses_a_weaker_sandbox_unless_allowed_and_notes_it(tmp_path: Path, monkeypatch, capsys) -> None:
+    import csv
+    import shutil
+
+    from conftest import COURSE
+
+    from gpulab.course.__main__ import main as course_main
+    from gpulab.course.release import release
+
+    shutil.copytree(COURSE / "source", tmp_path / "source")
+    shutil.copy(COURSE / "nbgrader_config.py", tmp_path)
+    release(tmp_path, "00_setup")
+    shutil.copytree(tmp_path / "source" / "00_setup", tmp_path / "submitted" / "alice" / "00_setup")
+    monkeypatch.setattr(isolation, "detect", lambda *a, **k: _weak(PLAN))
+    args = ["grade", "--course", str(tmp_path), "--lab", "00_setup", "--jobs", "1", "--quiet"]
+    assert course_main(args) == 2
+    out, err = capsys.readouterr()
+    assert "OFF  namespaces: unshare failed: simulated" in out and "--allow-weaker-sandbox" in err
+    assert not (tmp_path / "grades.csv").exists()
+    t0 = time.monotonic()
+    assert course_main(args + ["--allow-weaker-sandbox"]) == 0
+    out, _ = capsys.readouterr()
+    with open(tmp_path / "grades.csv") as fh:
+        [row] = list(csv.DictReader(fh))
+    assert float(row["score"]) == float(row["max_score"]) > 0, (row, time.monotonic() - t0)
+    assert "graded with weaker isolation: kernel identity off" in row["notes"] and "cgroup limits off" in row["notes"]
+    assert "graded with weaker isolation" in out
