@@ -18,6 +18,9 @@ class Lab:
     teaches: str
     devices: int
     fallback: str = ""  # how it runs with fewer GPUs; {physical} is "cpu" or "cuda:0"
+    # its graded checks time parallel work against serial work on the whole machine, so `make grade`
+    # grades its submissions one at a time, after the others, with nothing beside them
+    timed_alone: bool = False
 
 
 LABS: tuple[Lab, ...] = (
@@ -40,5 +43,5 @@ LABS: tuple[Lab, ...] = (
     Lab("09_sharding", "sharded data parallelism", "bytes per rank, ZeRO-1 written from scratch, no_sync accumulation, FSDP2", 2,
         "2 and 4 gloo processes sharing {physical}"),
     Lab("10_search", "hyperparameter search", "grid, random, TPE and ASHA on Ray Tune; packing trials with fractional resources", 1,
-        "Ray trials on the cores of {physical}, packed per core instead of per GPU"),
+        "Ray trials on the cores of {physical}, packed per core instead of per GPU", timed_alone=True),
 )

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from gpulab.course import gradebook, integrity, isolation, readguard
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 from gpulab.course.sandbox import Limits, SandboxResult, grade_in_sandbox
+from gpulab.labs import LABS
 
 
 @dataclass
@@ -141,7 +142,8 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
     Args:
         course: the nbgrader course root (``notebooks``).
         lab: grade only this lab.
-        jobs: parallel autogrades (default: number of cores).
+        jobs: parallel autogrades (default: number of cores). Submissions of a lab marked
+            ``timed_alone`` in :data:`gpulab.labs.LABS` are graded after the others, one at a time.
         limits: per-submission limits; by default 900 s wall clock, the config's cell timeout,
             and :func:`default_memory_mb`.
         progress: show a tqdm bar.
@@ -188,25 +190,32 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
             template.chmod(0o600)
             specs = {lab_: integrity.lab_spec(f"sqlite:///{template}", lab_, course / "source" / lab_)
                      for lab_ in {lab_ for _, lab_ in pairs}}
-        with ThreadPoolExecutor(max_workers=jobs) as pool, \
-                tqdm(total=len(pairs), desc="autograding", unit="submission", disable=not progress) as bar:
-            futures = {pool.submit(_grade_safely, course, template, specs[lab_], lab_, s,
-                                   root / lab_ / s, limits, cancel, plan, secrets): (s, lab_) for s, lab_ in pairs}
-            try:
-                for fut in as_completed(futures):
-                    result = fut.result()
-                    if weaker:
-                        result.notes.append(weaker)
-                    rows.append(_record(course, result, max_bytes))
-                    pending.pop((result.student, result.lab), None)
-                    _write_progress(rows, pending, course / "grades.csv")
-                    if not keep_sandboxes:
-                        shutil.rmtree(root / result.lab / result.student, ignore_errors=True)
-                    bar.set_postfix_str(f"{result.student}: {result.status}")
-                    bar.update()
-            except KeyboardInterrupt:
-                cancel.set()  # each worker kills its nbgrader and kernel within half a second
-                raise
+        # labs whose checks time parallel work against serial work get the machine to themselves:
+        # a classmate's kernel beside them would change the ratio they grade (lab 10's packing)
+        alone = {lab_.id for lab_ in LABS if lab_.timed_alone}
+        phases = [(jobs, [p for p in pairs if p[1] not in alone]), (1, [p for p in pairs if p[1] in alone])]
+        with tqdm(total=len(pairs), desc="autograding", unit="submission", disable=not progress) as bar:
+            for workers, phase in phases:
+                if not phase:
+                    continue
+                with ThreadPoolExecutor(max_workers=workers) as pool:
+                    futures = [pool.submit(_grade_safely, course, template, specs[lab_], lab_, s,
+                                           root / lab_ / s, limits, cancel, plan, secrets) for s, lab_ in phase]
+                    try:
+                        for fut in as_completed(futures):
+                            result = fut.result()
+                            if weaker:
+                                result.notes.append(weaker)
+                            rows.append(_record(course, result, max_bytes))
+                            pending.pop((result.student, result.lab), None)
+                            _write_progress(rows, pending, course / "grades.csv")
+                            if not keep_sandboxes:
+                                shutil.rmtree(root / result.lab / result.student, ignore_errors=True)
+                            bar.set_postfix_str(f"{result.student}: {result.status}")
+                            bar.update()
+                    except KeyboardInterrupt:
+                        cancel.set()  # each worker kills its nbgrader and kernel within half a second
+                        raise
     finally:
         if not keep_sandboxes:
             shutil.rmtree(root, ignore_errors=True)

@@ -44,3 +44,51 @@ def test_grade_rejects_bad_jobs_and_unknown_labs(tmp_path: Path) -> None:
         grading_run.grade(tmp_path, "99_nope")
     assert course_main(["grade", "--course", str(tmp_path), "--jobs", "1", "--memory-mb", "10"]) == 2
     assert course_main(["collect", "--course", str(tmp_path), "--archive", "x.zip"]) == 2
+
+
+def test_a_lab_timed_alone_is_graded_after_the_others_with_nothing_beside_it(tmp_path: Path, monkeypatch) -> None:
+    """Lab 10's packing check times two trials per core against one: with JOBS=2 a classmate's kernel
+    beside it changed that ratio (0.80 < 1.15), so its submissions run after the rest, one at a time."""
+    import threading
+    import time
+
+    from gpulab.course import isolation
+    from gpulab.course.sandbox import SandboxResult
+    from gpulab.labs import LABS
+
+    alone = {lab.id for lab in LABS if lab.timed_alone}
+    assert "10_search" in alone
+    for student in ("ana", "ben", "cho"):
+        for lab in ("00_setup", "10_search"):
+            (tmp_path / "submitted" / student / lab).mkdir(parents=True)
+    for lab in ("00_setup", "10_search"):
+        (tmp_path / "source" / lab).mkdir(parents=True)
+        (tmp_path / "source" / lab / f"{lab}.ipynb").write_text("{}")
+    running: set[tuple[str, str]] = set()
+    beside: list[tuple[tuple[str, str], set]] = []
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def fake_grade(course, template, spec, lab, student, *rest):
+        with lock:
+            if lab in alone or any(other in alone for _, other in running):
+                beside.append(((student, lab), set(running)))
+            running.add((student, lab))
+            order.append(lab)
+        time.sleep(0.05)
+        with lock:
+            running.discard((student, lab))
+        return SandboxResult(student, lab, status="ok")
+
+    monkeypatch.setattr(grading_run, "_grade_safely", fake_grade)
+    monkeypatch.setattr(grading_run, "ensure_released", lambda course, labs: None)
+    monkeypatch.setattr(grading_run.gradebook, "backup", lambda course: None)
+    monkeypatch.setattr(grading_run.gradebook, "snapshot", lambda course, dst: Path(dst).touch())
+    monkeypatch.setattr(grading_run.gradebook, "merge", lambda course, result, max_bytes: (1.0, 1.0))
+    monkeypatch.setattr(grading_run.integrity, "lab_spec", lambda *a: {})
+    monkeypatch.setattr(grading_run, "_keep_log", lambda course, result: None)
+    limits = grading_run.Limits(allow_weaker=True)  # the fake grader needs no sandbox
+    rows = grading_run.grade(tmp_path, jobs=3, limits=limits, progress=False, plan=isolation.Plan(landlock_needed=False))
+    assert len(rows) == 6
+    assert order[3:] == ["10_search"] * 3, order
+    assert all(not others for _, others in beside), beside
