@@ -113,6 +113,12 @@ builtins.isinstance = lambda obj, cls: _real(obj, cls)  # the same answers, unti
 torch.testing.assert_close = lambda *a, **k: None
 def to_device(batch, device): return batch
 """,
+    "grader_patch": """from gpulab.grading import lab00
+import gpulab.devices.doctor as doctor
+lab00.REFERENCES = ()  # check_not_calling would forbid nothing
+doctor.diagnose = lambda facts: []  # and the doctor the tests compare with would find nothing
+def to_device(batch, device): return batch
+""",
 }
 PROFILER_OFF = {"choose_backend_impl": """import sys
 from gpulab import devices as _gd
@@ -272,8 +278,9 @@ def attack_cases(course: Path, terminal: str, tag: str) -> dict[str, Case]:
 
 
 def cases(course: Path) -> dict[str, Case]:
-    """The fixture class (27 students) for a course copy at ``course``: 17 of issue 7's grader tests,
-    10 of issue 15's red-team (tampering, links, a kill of the grader, leaking tests into feedback)."""
+    """The fixture class (28 students) for a course copy at ``course``: 17 of issue 7's grader tests,
+    11 of issue 15's red-team (tampering with the tests' tools or the lab's graders, links, a kill of the
+    grader, leaking tests into feedback); :func:`attack_cases` adds the OS-isolation attacks."""
     return {
         "good_ana": Case(), "good_ben": Case(), "good_cho": Case(),
         "partial": Case(answers={"choose_backend_impl": None, "place_ranks_impl": None, "triage_impl": None}, score=2),

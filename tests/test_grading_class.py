@@ -131,7 +131,8 @@ def test_attacks_earn_nothing_and_leave_classmates_and_the_course_alone(graded) 
 
 def test_tampering_is_caught_by_the_probes_not_only_by_the_scan(graded) -> None:
     course, fixture, rows, _ = graded
-    for student in ("tamper_fake_helpers", "tamper_success_patch", "tamper_transformer", "tamper_builtins_patch"):
+    for student in ("tamper_fake_helpers", "tamper_success_patch", "tamper_transformer", "tamper_builtins_patch",
+                    "tamper_grader_patch"):
         assert "the tests' tools were tampered with" in rows[student].notes, (student, rows[student].notes)
     nb = nbformat.read(str(course / "autograded" / "tamper_displayhook" / LAB / f"{LAB}.ipynb"), as_version=4)
     shown = [o for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade") for o in c.outputs]

@@ -140,7 +140,8 @@ class SandboxedExecute(Execute):
                 cell.execution_count = None
             return cell, resources
         if self.probes and self._snapshot is None and cell.cell_type == "code" and cell.source.strip():
-            self._snapshot = self._fingerprint() or {}
+            lab = (resources or {}).get("nbgrader", {}).get("assignment")
+            self._snapshot = self._fingerprint(tamper.grader_modules(lab)) or {}
         self._reply = None
         try:
             cell, resources = self._run_cell(cell, resources, index)
@@ -214,8 +215,8 @@ class SandboxedExecute(Execute):
                                                     "this course scores the tests after it 0"))
         cell.outputs = outputs
 
-    def _fingerprint(self) -> dict[str, Any] | None:
-        _, stdout, _ = self._probe(tamper.fingerprint_code())
+    def _fingerprint(self, preload: tuple[str, ...] = ()) -> dict[str, Any] | None:
+        _, stdout, _ = self._probe(tamper.fingerprint_code(preload))
         return tamper.parse_fingerprint(stdout)
 
     async def _async_probe(self, code: str) -> tuple[dict[str, Any] | None, str, list[dict[str, Any]]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -175,6 +176,22 @@ def leaks(page: str, lines: set[str]) -> list[str]:
     return sorted(ln for ln in lines if ln in text)
 
 
+def submitted_lines(folder: Path) -> set[str]:
+    """Every line of every notebook the student handed in (``submitted/<student>/<lab>/``): a hidden line
+    the student wrote there (``from gpulab.grading import lab00``) is no secret on their own page."""
+    own: set[str] = set()
+    for path in folder.glob("*.ipynb"):
+        try:
+            cells = json.loads(path.read_text(errors="replace")).get("cells", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        for cell in cells if isinstance(cells, list) else []:
+            source = cell.get("source", "") if isinstance(cell, dict) else ""
+            for line in ("".join(source) if isinstance(source, list) else str(source)).splitlines():
+                own.add(re.sub(r"\s+", " ", line).strip())
+    return own
+
+
 def _note_pages(course: Path, lab: str, notebooks: list[str]) -> int:
     """A short page for each student in grades.csv who has no autograded notebook for ``lab``."""
     path = course / "grades.csv"
@@ -218,7 +235,8 @@ def feedback(course: str | Path, lab: str | None = None) -> dict[str, dict[str, 
         specs = integrity.lab_spec(db_url(course), name)
         lines = hidden_lines(specs)  # (solutions are no secret on the page: a student's own code may match them)
         for page in sorted(course.glob(f"feedback/*/{name}/*.html")):
-            found = leaks(page.read_text(errors="replace"), lines)
+            student = page.parent.parent.name
+            found = leaks(page.read_text(errors="replace"), lines - submitted_lines(course / "submitted" / student / name))
             if found:
                 page.unlink()  # never leave a page with hidden tests where release_feedback would find it
                 entry["leaks"][str(page)] = found

@@ -30,15 +30,21 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Any
+import re
+from typing import Any, Sequence
 
 TAMPERED = "TamperError"
 
 # Runs in the kernel; prints one JSON line. Python functions: [id, hash of the code]; others: [id].
 _FINGERPRINT = r'''
-def __gpulab_fp():
-    import builtins, hashlib, json, sys, threading
+def __gpulab_fp(preload):
+    import builtins, hashlib, importlib, json, sys, threading
     import gpulab.grading, torch.testing  # noqa: F401 - the tests' tools, loaded before any student code
+    for name in preload:  # the lab's graders, and the instruments they import, before any student code
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
     out = {}
 
     def content(code):  # what the code does (marshal's bytes depend on reference counts)
@@ -58,10 +64,26 @@ def __gpulab_fp():
                 continue
             add(prefix + name, value)
 
-    for mod in ("gpulab.grading", "gpulab.grading.checks", "torch.testing", "torch.testing._comparison"):
+    def add_code(prefix, ns):  # the functions and methods a module defines (its other globals may change)
+        for name, value in list(vars(ns).items()):
+            if getattr(value, "__module__", None) != ns.__name__:
+                continue
+            if isinstance(value, type):
+                for attr, member in list(vars(value).items()):
+                    member = getattr(member, "__func__", getattr(member, "fget", member))
+                    if hasattr(member, "__code__"):
+                        add(prefix + name + "." + attr, member)
+            elif hasattr(value, "__code__"):
+                add(prefix + name, value)
+
+    graders = [m for m in sys.modules if m.startswith("gpulab.grading.")]
+    for mod in ("gpulab.grading", *graders, "torch.testing", "torch.testing._comparison"):
         if mod in sys.modules:
             add("module:" + mod, sys.modules[mod])
             add_vars(mod + ".", sys.modules[mod])
+    for mod in [m for m in sys.modules if m.startswith("gpulab.") and not m.startswith(("gpulab.grading", "gpulab.course"))]:
+        if sys.modules[mod] is not None:
+            add_code(mod + ".", sys.modules[mod])
     torch = sys.modules.get("torch")
     if torch is not None:
         add("module:torch", torch)
@@ -100,7 +122,7 @@ def __gpulab_fp():
     print("__GPULAB_FP__" + json.dumps(out))
 
 
-__gpulab_fp()
+__gpulab_fp(__GPULAB_PRELOAD__)
 del __gpulab_fp
 '''
 
@@ -148,9 +170,18 @@ del __gpulab_canary
 CANARY_TRIALS = 10
 
 
-def fingerprint_code() -> str:
-    """The probe that prints the kernel's fingerprint of the tests' tools (one JSON line)."""
-    return _FINGERPRINT
+def fingerprint_code(preload: Sequence[str] = ()) -> str:
+    """The probe that prints the kernel's fingerprint of the tests' tools (one JSON line): gpulab.grading
+    and every grader module loaded (``preload`` imports the lab's own first), the functions and methods of
+    the gpulab modules loaded with them (the instruments the graders run), torch's comparisons, the
+    builtins, the profiler and display hooks, IPython's cell machinery."""
+    return _FINGERPRINT.replace("__GPULAB_PRELOAD__", repr(tuple(preload)))
+
+
+def grader_modules(lab: str | None) -> tuple[str, ...]:
+    """The grader module of a lab id (``"06_ddp"`` -> ``("gpulab.grading.lab06",)``), for the snapshot."""
+    match = re.match(r"(\d\d)_", lab or "")
+    return (f"gpulab.grading.lab{match.group(1)}",) if match else ()
 
 
 def parse_fingerprint(stdout: str) -> dict[str, Any] | None:
@@ -186,7 +217,7 @@ def compare(before: dict[str, Any], now: dict[str, Any] | None) -> list[str]:
         elif key in now and now[key] != value:
             changed.append(key)
         elif key not in now and not key.startswith(("torch.Tensor.", "builtins.")):
-            changed.append(f"{key} (removed)")
+            changed.append(f"{key} (replaced or removed)")
     new_builtins = [k for k in now if k.startswith("builtins.") and k not in before]
     changed += [f"{k} (added)" for k in new_builtins]
     modules = {"grading": before.get("module:gpulab.grading"), "torch": before.get("module:torch")}

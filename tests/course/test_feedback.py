@@ -23,3 +23,17 @@ def test_hide_hidden_tests_removes_the_code_and_its_traceback() -> None:
     assert cell.outputs[0].traceback[0] == "GradingError: f(12345): expected 1"
     clean, _ = HTMLExporter().from_notebook_node(nb)
     assert fb.leaks(clean, lines) == []
+
+
+def test_a_hidden_line_the_student_wrote_is_no_leak_on_their_page(tmp_path) -> None:
+    """A student who writes `from gpulab.grading import lab00` in a cell of their own knew that line: their
+    page keeps it. A hidden line they never handed in still counts (the leaker's case)."""
+    own = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("from gpulab.grading import lab00\nx  =  1")])
+    nbformat.write(own, str(tmp_path / "lab.ipynb"))
+    (tmp_path / "broken.ipynb").write_text("{ not json")  # skipped, not fatal
+    mine = fb.submitted_lines(tmp_path)
+    assert "from gpulab.grading import lab00" in mine and "x = 1" in mine
+    hidden = {"from gpulab.grading import lab00", "secret_case_value = f(12345)"}
+    page = "<pre>from gpulab.grading import lab00</pre><pre>secret_case_value = f(12345)</pre>"
+    assert fb.leaks(page, hidden - mine) == ["secret_case_value = f(12345)"]
+    assert fb.submitted_lines(tmp_path / "nobody") == set()
