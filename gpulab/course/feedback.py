@@ -33,6 +33,7 @@ from nbgrader.preprocessors import ClearHiddenTests
 from traitlets import Bool
 
 from gpulab.course import integrity
+from gpulab.course.links import read_regular
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 
 BEGIN, END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
@@ -176,14 +177,16 @@ def leaks(page: str, lines: set[str]) -> list[str]:
     return sorted(ln for ln in lines if ln in text)
 
 
-def submitted_lines(folder: Path) -> set[str]:
+def submitted_lines(folder: Path, max_bytes: int = 100 * 2**20) -> set[str]:
     """Every line of every notebook the student handed in (``submitted/<student>/<lab>/``): a hidden line
-    the student wrote there (``from gpulab.grading import lab00``) is no secret on their own page."""
+    the student wrote there (``from gpulab.grading import lab00``) is no secret on their own page. Only
+    regular files are read (a submission may hold links and FIFOs named ``*.ipynb``)."""
     own: set[str] = set()
     for path in folder.glob("*.ipynb"):
+        data = read_regular(path, max_bytes)
         try:
-            cells = json.loads(path.read_text(errors="replace")).get("cells", [])
-        except (OSError, ValueError, AttributeError):
+            cells = json.loads(data).get("cells", []) if data is not None else []
+        except (ValueError, AttributeError):
             continue
         for cell in cells if isinstance(cells, list) else []:
             source = cell.get("source", "") if isinstance(cell, dict) else ""

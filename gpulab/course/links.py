@@ -64,22 +64,43 @@ def remove_unsafe(folder: str | Path) -> list[str]:
     return removed
 
 
-def _copy_fd(src: Path, dst: Path, max_bytes: int) -> str | None:
-    """Copy one file if it is a regular, singly-linked file of at most ``max_bytes``; else why not."""
+def _open_regular(src: Path, max_bytes: int) -> tuple[int | None, str | None]:
+    """(fd, None) for a regular, singly-linked file of at most ``max_bytes`` (never a link, never a
+    FIFO's blocking open); (None, why not) otherwise."""
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:  # ELOOP: a symlink; ENXIO: a FIFO without a writer
         try:
-            return _unsafe(src.lstat()) or err.strerror
+            return None, _unsafe(src.lstat()) or err.strerror
         except OSError:
-            return err.strerror
+            return None, err.strerror
+    st = os.fstat(fd)
+    why = _unsafe(st) or (f"larger than {max_bytes // 2**20} MiB" if st.st_size > max_bytes else None)
+    if why:
+        os.close(fd)
+        return None, why
+    return fd, None
+
+
+def read_regular(src: str | Path, max_bytes: int) -> bytes | None:
+    """The bytes of ``src`` if it is a regular, singly-linked file of at most ``max_bytes``, else None."""
+    fd, _ = _open_regular(Path(src), max_bytes)
+    if fd is None:
+        return None
     try:
-        st = os.fstat(fd)
-        why = _unsafe(st)
-        if why:
-            return why
-        if st.st_size > max_bytes:
-            return f"larger than {max_bytes // 2**20} MiB"
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_bytes + 1)
+        return None if len(data) > max_bytes else data  # it grew while being read
+    finally:
+        os.close(fd)
+
+
+def _copy_fd(src: Path, dst: Path, max_bytes: int) -> str | None:
+    """Copy one file if it is a regular, singly-linked file of at most ``max_bytes``; else why not."""
+    fd, why = _open_regular(src, max_bytes)
+    if fd is None:
+        return why
+    try:
         copied = 0
         with open(dst, "wb") as out:
             while chunk := os.read(fd, _CHUNK):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import nbformat
 
 from gpulab.course import feedback as fb
@@ -27,10 +29,13 @@ def test_hide_hidden_tests_removes_the_code_and_its_traceback() -> None:
 
 def test_a_hidden_line_the_student_wrote_is_no_leak_on_their_page(tmp_path) -> None:
     """A student who writes `from gpulab.grading import lab00` in a cell of their own knew that line: their
-    page keeps it. A hidden line they never handed in still counts (the leaker's case)."""
+    page keeps it. A hidden line they never handed in still counts (the leaker's case). Only regular
+    files are read: a FIFO or a link planted as a notebook is skipped."""
     own = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("from gpulab.grading import lab00\nx  =  1")])
     nbformat.write(own, str(tmp_path / "lab.ipynb"))
     (tmp_path / "broken.ipynb").write_text("{ not json")  # skipped, not fatal
+    os.mkfifo(tmp_path / "fifo.ipynb")  # a planted FIFO would block a plain open() for ever
+    (tmp_path / "link.ipynb").symlink_to(tmp_path / "lab.ipynb")  # and a link is never followed
     mine = fb.submitted_lines(tmp_path)
     assert "from gpulab.grading import lab00" in mine and "x = 1" in mine
     hidden = {"from gpulab.grading import lab00", "secret_case_value = f(12345)"}
