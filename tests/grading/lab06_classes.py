@@ -155,12 +155,9 @@ class BucketedZeroFill(Bucketed):
 class BucketedAllInFinish(Bucketed):
     """Wrong (slow, not wrong in value): nothing is launched before finish(), so nothing overlaps backward."""
 
-    def _on_grad_ready(self, p):
-        bucket = self.bucket_of[id(p)]
-        lo, hi = bucket["slices"][id(p)]
-        bucket["buffer"][lo:hi].copy_(p.grad.reshape(-1))
-        bucket["ready"] += 1
-        self.used[self.index[id(p)]] = 1
+    def _launch_buckets(self, everything):
+        if everything:  # only finish() launches
+            super()._launch_buckets(everything)
 
 
 class BucketedPerParameterCalls(Bucketed):
