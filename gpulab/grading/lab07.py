@@ -14,8 +14,8 @@ stage. For the forward, two things are checked:
   :class:`~gpulab.parallel.PipelinedModel` and the same micro-batches run sequentially, timed
   interleaved with one intra-op thread each. It passes at ``at_least`` (1.3x). Overlap needs a
   free second core, and on a machine where another program holds it no pipeline can reach 1.3x:
-  when the reference had fewer than 1.6 cores in the same measurement, the check says so and
-  asks for at least ``0.85 x`` the reference's speedup instead.
+  so ``0.85 x`` the reference's speedup in the same measurement passes too, and the result says
+  which bar was met and how many cores each run had.
   Up to ``attempts`` measurements are made before failing, since load comes and goes.
 
 For the training step, the same two things, in both passes:
@@ -136,11 +136,11 @@ class OverlapResult:
     cores_yours: float  # cores your pipelined run had (CPU seconds / wall seconds)
     cores_reference: float
     attempts: int
-    against_reference: bool  # passed relative to the reference (the machine could not show the target)
+    against_reference: bool  # passed relative to the reference, not at the target
     mode: str
 
     def __str__(self) -> str:
-        how = "relative to the reference (this machine did not let the reference reach the target)" \
+        how = "relative to the reference measured in the same run (this machine held the pipelines back)" \
             if self.against_reference else "against the target"
         return (f"overlap speedup: yours {self.yours:.2f}x ({self.cores_yours:.2f} cores), reference "
                 f"{self.reference:.2f}x ({self.cores_reference:.2f} cores), after {self.attempts} "
@@ -151,10 +151,11 @@ def _same_run_speedup(variants: dict[str, Callable[[], Any]], mode: str, what: s
                       repeats: int, attempts: int, relative: float) -> OverlapResult:
     """Time ``variants`` ("sequential", "yours", "reference") interleaved until yours passes.
 
-    Yours passes at ``at_least`` x the sequential run. On a machine that holds the pipeline back
-    (the reference had fewer than 1.6 cores, or did not reach ``at_least`` itself in the same
-    measurement) the fair bar is ``relative`` x the reference's speedup instead: another program
-    on the second core, or a VM whose two vCPUs are not two free cores, caps every pipeline alike.
+    Yours passes at ``at_least`` x the sequential run, or at ``relative`` x gpulab's pipeline in the
+    same measurement: a machine that holds every pipeline back (another program on the second core,
+    a VM whose two vCPUs are not two free cores) caps the reference too, and a correct pipeline
+    within noise of it must not fail. (CI once measured the reference at 1.37x on 1.45 cores and a
+    correct solution at 1.29x.) That the stages overlap at all is checked without a clock.
     """
     tried = []
     for attempt in range(1, attempts + 1):
@@ -164,10 +165,7 @@ def _same_run_speedup(variants: dict[str, Callable[[], Any]], mode: str, what: s
         tried.append(res)
         if res.yours >= at_least:
             return res
-        # also when the reference scraped past at_least: a correct pipeline at 0.94x of it must not
-        # fail on the noise (CI once measured the reference at 1.37x and a solution at 1.29x)
-        held_back = res.cores_reference < 1.6 or res.reference < at_least
-        if held_back and res.yours >= relative * res.reference:
+        if res.yours >= relative * res.reference:
             res.against_reference = True
             return res
     figures = "; ".join(f"yours {r.yours:.2f}x vs reference {r.reference:.2f}x ({r.cores_reference:.2f} cores)"
@@ -327,7 +325,7 @@ def check_train_step_schedule(timeline: Sequence[Any], num_stages: int, num_micr
 
 def check_train_step_speedup(train_step: TrainStep, split: SplitModel, inputs: torch.Tensor, targets: torch.Tensor,
                              split_size: int, *, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] =
-                             nn.functional.cross_entropy, at_least: float = 1.3, repeats: int = 5, attempts: int = 3,
+                             nn.functional.cross_entropy, at_least: float = 1.25, repeats: int = 5, attempts: int = 3,
                              relative: float = 0.85) -> OverlapResult:
     """Time the student's training step against the same micro-batches run sequentially, forward and
     backward (each variant zeroes the gradients first; no optimizer step), beside gpulab's pipeline.
