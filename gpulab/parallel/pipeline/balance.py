@@ -43,14 +43,16 @@ def phase_times(layers: Sequence[nn.Module], sample: torch.Tensor, *, backward: 
                 repeats: int = 3) -> tuple[list[float], list[float]]:
     """Seconds of forward and of backward for each layer, on ``sample``, as a training step runs them.
 
-    The layers run in training mode (BatchNorm computes batch statistics, as it does in a training
-    step), and the running statistics are put back afterwards. The first layer's input needs a
-    gradient only if ``sample`` does (data does not, so the stem skips its input's gradient, as it
-    does in training); every later layer's input does. Backward goes through
-    ``torch.autograd.grad``, so no ``.grad`` is touched. Each layer keeps its fastest of
-    ``repeats`` runs after a warm-up: another program's load only ever adds time, so the minimum
-    is the steadiest estimate on a shared machine. Measure with the threads the real run will use (one intra-op
-    thread per device: :func:`gpulab.parallel.intra_op_threads`).
+    The layers run as one model, in training mode (BatchNorm computes batch statistics, as in a
+    training step), and the running statistics are put back afterwards. Forward: the time between
+    one layer's output and the next. Backward: one ``torch.autograd.grad`` through the whole graph,
+    with a hook on every layer's output that notes when its gradient is ready; a layer's backward
+    is the time from the gradient of its output to the gradient of its input (so the first layer
+    skips its input's gradient unless ``sample`` needs one, as in training). No ``.grad`` is
+    touched. Each layer keeps its fastest of ``repeats`` runs after a warm-up: another program's
+    load only ever adds time, so the minimum is the steadiest estimate on a shared machine.
+    Measure with the threads the real run will use (one intra-op thread per device:
+    :func:`gpulab.parallel.intra_op_threads`).
 
     Returns:
         ``(forward, backward)``: two lists of seconds, one entry per layer (backward all 0.0 when
@@ -58,30 +60,39 @@ def phase_times(layers: Sequence[nn.Module], sample: torch.Tensor, *, backward: 
     """
     was_training = [layer.training for layer in layers]
     buffers = [[b.detach().clone() for b in layer.buffers()] for layer in layers]
+    n = len(layers)
     forward: list[list[float]] = [[] for _ in layers]
     back: list[list[float]] = [[] for _ in layers]
     try:
         for layer in layers:
             layer.train(backward)
         for r in range(repeats + 1):  # the first pass warms up (allocator, kernels)
-            h = sample
-            for i, layer in enumerate(layers):
-                needs = backward and h.is_floating_point() and (i > 0 or sample.requires_grad)
-                h_in = h.detach().requires_grad_(needs)
-                with torch.set_grad_enabled(backward):
-                    t0 = time.perf_counter()
-                    out = layer(h_in.clone() if needs else h_in)  # a layer may work in place: not on a leaf
-                    _sync(out)
-                    t1 = time.perf_counter()
-                    wrt = [t for t in (h_in, *layer.parameters()) if t.requires_grad]
-                    if backward and wrt and out.requires_grad:  # grad(), not backward(): no .grad touched
-                        torch.autograd.grad(out, wrt, torch.ones_like(out))
-                        _sync(out)
-                    t2 = time.perf_counter()
-                if r:
-                    forward[i].append(t1 - t0)
-                    back[i].append(t2 - t1 if backward else 0.0)
-                h = out.detach()
+            with torch.set_grad_enabled(backward):
+                first = h = sample.detach().requires_grad_(sample.requires_grad and backward)
+                outs, stamps = [], [time.perf_counter()]
+                for layer in layers:
+                    h = layer(h.clone() if h.requires_grad and not h.grad_fn else h)  # in-place layers: not on a leaf
+                    _sync(h)
+                    outs.append(h)
+                    stamps.append(time.perf_counter())
+            ready = [0.0] * n  # ready[i]: when the gradient of layer i's output was complete
+            if backward and outs[-1].requires_grad:
+                for i, out in enumerate(outs[:-1]):
+                    if out.requires_grad:
+                        out.register_hook(lambda g, i=i: ready.__setitem__(i, time.perf_counter()))
+                wrt = [t for t in (*(p for layer in layers for p in layer.parameters()), first) if t.requires_grad]
+                ready[-1] = time.perf_counter()
+                torch.autograd.grad(outs[-1], wrt, torch.ones_like(outs[-1]))  # grad(): no .grad touched
+                _sync(outs[-1])
+                end = time.perf_counter()
+            if r:
+                for i in range(n):
+                    forward[i].append(stamps[i + 1] - stamps[i])
+                    if backward and outs[-1].requires_grad:
+                        # layer i runs from its output's gradient to its input's (layer 0: to the end)
+                        back[i].append(max(0.0, (ready[i - 1] if i else end) - ready[i]))
+                    else:
+                        back[i].append(0.0)
     finally:
         with torch.no_grad():
             for layer, mode, saved in zip(layers, was_training, buffers):
