@@ -49,8 +49,10 @@ def phase_times(layers: Sequence[nn.Module], sample: torch.Tensor, *, backward: 
     with a hook on every layer's output that notes when its gradient is ready; a layer's backward
     is the time from the gradient of its output to the gradient of its input (so the first layer
     skips its input's gradient unless ``sample`` needs one, as in training). No ``.grad`` is
-    touched. Each layer keeps its fastest of ``repeats`` runs after a warm-up: another program's
-    load only ever adds time, so the minimum is the steadiest estimate on a shared machine.
+    touched. On a CPU the clock is the process's CPU time (``time.process_time``: the work done,
+    which another program's load does not stretch; nothing else of this process runs meanwhile),
+    on a GPU the wall clock around synchronised kernels. Each layer keeps its fastest of
+    ``repeats`` runs after a warm-up: load only ever adds time, so the minimum is the steadiest.
     Measure with the threads the real run will use (one intra-op thread per device:
     :func:`gpulab.parallel.intra_op_threads`).
 
@@ -61,6 +63,7 @@ def phase_times(layers: Sequence[nn.Module], sample: torch.Tensor, *, backward: 
     was_training = [layer.training for layer in layers]
     buffers = [[b.detach().clone() for b in layer.buffers()] for layer in layers]
     n = len(layers)
+    clock = time.perf_counter if sample.is_cuda else time.process_time
     forward: list[list[float]] = [[] for _ in layers]
     back: list[list[float]] = [[] for _ in layers]
     try:
@@ -69,22 +72,22 @@ def phase_times(layers: Sequence[nn.Module], sample: torch.Tensor, *, backward: 
         for r in range(repeats + 1):  # the first pass warms up (allocator, kernels)
             with torch.set_grad_enabled(backward):
                 first = h = sample.detach().requires_grad_(sample.requires_grad and backward)
-                outs, stamps = [], [time.perf_counter()]
+                outs, stamps = [], [clock()]
                 for layer in layers:
                     h = layer(h.clone() if h.requires_grad and not h.grad_fn else h)  # in-place layers: not on a leaf
                     _sync(h)
                     outs.append(h)
-                    stamps.append(time.perf_counter())
+                    stamps.append(clock())
             ready = [0.0] * n  # ready[i]: when the gradient of layer i's output was complete
             if backward and outs[-1].requires_grad:
                 for i, out in enumerate(outs[:-1]):
                     if out.requires_grad:
-                        out.register_hook(lambda g, i=i: ready.__setitem__(i, time.perf_counter()))
+                        out.register_hook(lambda g, i=i: ready.__setitem__(i, clock()))
                 wrt = [t for t in (*(p for layer in layers for p in layer.parameters()), first) if t.requires_grad]
-                ready[-1] = time.perf_counter()
+                ready[-1] = clock()
                 torch.autograd.grad(outs[-1], wrt, torch.ones_like(outs[-1]))  # grad(): no .grad touched
                 _sync(outs[-1])
-                end = time.perf_counter()
+                end = clock()
             if r:
                 for i in range(n):
                     forward[i].append(stamps[i + 1] - stamps[i])
