@@ -89,11 +89,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--split-sizes", default="8,16,32,64", help="comma-separated micro-batch sizes")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="glibc: serve large blocks from the heap and never trim it (mallopt), so freed "
+                             "activations are reused instead of page-faulting in again")
     parser.add_argument("--balance", choices=["time", "sums", "params"], default="time",
                         help="the cut: time (each pass balanced, split_model's), sums (forward + backward "
                              "balanced per stage, the cut a 1F1B schedule wants), params")
     args = parser.parse_args()
     sizes = [int(s) for s in args.split_sizes.split(",")]
+    kept = _keep_freed_memory() if args.keep_freed_memory else False
 
     torch.manual_seed(0)
     devices = logical_devices(2)
@@ -153,6 +157,7 @@ def main() -> None:
         # figure measures the machine's load, not this code (GPUs: cores do not apply)
         "two_free_cores": None if on_gpu else timings.cores(f"pipe{best}") >= 1.6,
         "balance": args.balance,
+        "keep_freed_memory": kept,
         "stages": split.describe().splitlines(),
         "mode": mode,
         "model": f"resnet{args.depth} width {args.width}, {args.image}x{args.image}, batch {args.batch_size}",
@@ -245,6 +250,22 @@ def _pair(first, second, sequential: bool):
             t.join()
 
     return run
+
+
+def _keep_freed_memory() -> bool:
+    """glibc's malloc hands blocks above a (dynamic) threshold back to the kernel when freed, so the
+    next micro-batch's activations page-fault in again, in every stage thread, under one lock on the
+    process's memory map. mallopt: no mmap below 32 MiB (glibc's maximum) and no trimming. PyTorch's
+    performance tuning guide makes the same point for CPUs by recommending jemalloc or tcmalloc.
+    Returns whether it took effect (False off glibc)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from <malloc.h>
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
 def _loadavg() -> float | None:
