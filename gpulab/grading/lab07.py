@@ -296,8 +296,9 @@ def check_train_step_schedule(timeline: Sequence[Any], num_stages: int, num_micr
     Raises:
         GradingError: naming the first event out of place.
     """
-    hint = ("append StageEvent(stage, micro_batch, phase, start, end) for each piece of work, with the end "
-            "taken when the work is done and before its result is put in the next queue")
+    hint = ("append StageEvent(stage, micro_batch, phase, start, end) for each piece of work: start once its "
+            "input is in hand (after the queue's get), end when the work is done and before its result is put "
+            "in the next queue")
     try:
         events = [(str(e.phase), int(e.stage), int(e.micro_batch), float(e.start), float(e.end)) for e in timeline]
     except (AttributeError, TypeError, ValueError):
