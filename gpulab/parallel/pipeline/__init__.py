@@ -1,17 +1,27 @@
 """Model and pipeline parallelism (lab 07): a model split over devices, then micro-batches.
 
 - ``split``: :func:`split_model` cuts a model into stages on logical devices (``SplitModel``);
-- ``gpipe``: :class:`PipelinedModel`, GPipe's fill and drain over micro-batches; ``threads`` is
-  its CPU schedule (a thread per stage), ``streams`` its CUDA-stream schedule;
-- ``bubble``: the bubble fraction, measured and predicted, and the Gantt chart;
+- ``balance``: what each layer costs, and where to cut (per pass, for GPipe);
+- ``gpipe``: :class:`PipelinedModel`, GPipe's fill and drain over micro-batches, and
+  :func:`gpipe_train_step` (one training step, lab 07's exercise); ``threads`` is its CPU
+  schedule (a thread per stage), ``streams`` its CUDA-stream schedule;
+- ``bubble``: the bubble fraction, measured, predicted and replayed with free hand-offs, and the
+  Gantt chart;
 - ``timing``: step timing, and one intra-op thread per stage; ``norms``: BatchNorm to GroupNorm.
 """
 
-from gpulab.parallel.pipeline.bubble import StageEvent, bubble_fraction, measured_bubble, plot_timeline
-from gpulab.parallel.pipeline.gpipe import PipelinedModel
+from gpulab.parallel.pipeline.bubble import (
+    StageEvent,
+    bubble_fraction,
+    handoff_delays,
+    measured_bubble,
+    plot_timeline,
+    replay,
+)
+from gpulab.parallel.pipeline.gpipe import PipelinedModel, gpipe_train_step
 from gpulab.parallel.pipeline.norms import batchnorm_to_groupnorm
 from gpulab.parallel.pipeline.split import SplitModel, split_model
 from gpulab.parallel.pipeline.timing import intra_op_threads
 
-__all__ = ["SplitModel", "split_model", "PipelinedModel", "intra_op_threads", "StageEvent", "bubble_fraction",
-           "measured_bubble", "plot_timeline", "batchnorm_to_groupnorm"]
+__all__ = ["SplitModel", "split_model", "PipelinedModel", "gpipe_train_step", "intra_op_threads", "StageEvent",
+           "bubble_fraction", "measured_bubble", "replay", "handoff_delays", "plot_timeline", "batchnorm_to_groupnorm"]

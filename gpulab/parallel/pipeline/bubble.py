@@ -15,6 +15,16 @@ against micro-batch size that the PyTorch model-parallel tutorial measures.
 
 :func:`measured_bubble` reads the same fraction off a :class:`StageEvent` timeline recorded by
 :class:`gpulab.parallel.PipelinedModel`, and :func:`plot_timeline` draws it as a Gantt chart.
+
+Where the measured bubble exceeds the formula, two things are to blame, and each is measured here:
+
+- **unequal stages** (:func:`replay`): the same work, each event as long as it was measured,
+  rescheduled with hand-offs that cost nothing; its bubble is what the stage durations alone
+  give. In GPipe the forward pass and the backward pass each fill and drain, so each pass needs
+  its *own* stages to be balanced: a cut whose forward halves are equal can leave the backward
+  halves at 1:2;
+- **hand-offs** (:func:`handoff_delays`): how long each stage sat ready, with its input already
+  produced, before it started (queue wake-up, the GIL, the thread scheduler; on GPUs the copy).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["StageEvent", "bubble_fraction", "measured_bubble", "plot_timeline"]
+__all__ = ["StageEvent", "bubble_fraction", "measured_bubble", "replay", "handoff_delays", "plot_timeline"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,60 @@ def measured_bubble(timeline: Sequence[StageEvent], phase: str | None = None) ->
     if not stages or span <= 0:
         raise ValueError("the timeline is empty: run the pipelined model first")
     return max(0.0, 1.0 - busy / (len(stages) * span))
+
+
+def _phase_order(events: Sequence[StageEvent], phase: str) -> list[int]:
+    """The stages in the order a micro-batch visits them: 0, 1, ... forward; reversed backward."""
+    stages = sorted({e.stage for e in events})
+    return stages[::-1] if phase == "backward" else stages
+
+
+def _dependencies(timeline: Sequence[StageEvent]):
+    """Each event with the event that produced its input (None on a pass's first stage) and the
+    event its stage ran just before it (None for its first). Yielded stage by stage in the order
+    of the pass, each stage's events in the order they ran: every event comes after both."""
+    for phase in sorted({e.phase for e in timeline}):
+        events = [e for e in timeline if e.phase == phase]
+        order = _phase_order(events, phase)
+        at = {(e.stage, e.micro_batch): e for e in events}
+        for p, stage in enumerate(order):
+            before = None
+            for e in sorted((e for e in events if e.stage == stage), key=lambda ev: ev.start):
+                yield e, (at.get((order[p - 1], e.micro_batch)) if p else None), before
+                before = e
+
+
+def replay(timeline: Sequence[StageEvent]) -> list[StageEvent]:
+    """The same schedule with free hand-offs: every event keeps its measured duration and its
+    stage's order of micro-batches, and starts as soon as its input exists and its stage is free.
+
+    The bubble of the result (:func:`measured_bubble`) is what the stages' durations alone cause:
+    above the formula by the imbalance between stages (per pass), below the measured one by what
+    the hand-offs cost. Each phase starts at its measured start.
+
+    Raises:
+        ValueError: for an empty timeline.
+    """
+    if not timeline:
+        raise ValueError("the timeline is empty: run the pipelined model first")
+    done: dict[tuple[str, int, int], StageEvent] = {}
+    origin = {ph: min(e.start for e in timeline if e.phase == ph) for ph in {e.phase for e in timeline}}
+    for e, producer, before in _dependencies(timeline):
+        ready = max([origin[e.phase]] + [done[(x.phase, x.stage, x.micro_batch)].end
+                                         for x in (producer, before) if x is not None])  # both done: see _dependencies
+        done[(e.phase, e.stage, e.micro_batch)] = StageEvent(e.stage, e.micro_batch, e.phase, ready, ready + e.duration)
+    return list(done.values())
+
+
+def handoff_delays(timeline: Sequence[StageEvent]) -> list[float]:
+    """Seconds each event waited with its input ready and its stage free (a hand-off's cost).
+
+    For each event after a pass's first stage: its start minus the later of (the end of the event
+    that produced its input, the end of its stage's previous event). Negative values (clock
+    noise) count as 0.
+    """
+    return [max(0.0, e.start - max(producer.end, before.end if before is not None else producer.end))
+            for e, producer, before in _dependencies(timeline) if producer is not None]
 
 
 def plot_timeline(timeline: Sequence[StageEvent], ax: Any = None, title: str = "") -> Any:

@@ -7,18 +7,17 @@ tutorial. It fits a bigger model, but it is not faster: while device 1 works on 
 waits for the next one (the tutorial measures the naive split 7 % *slower* than one GPU).
 :class:`gpulab.parallel.PipelinedModel` fixes that with micro-batches.
 
-Where to cut (:func:`split_model`, ``balance=``):
+Where to cut (:func:`split_model`, ``balance=``; the costs and the cuts are in
+:mod:`~gpulab.parallel.pipeline.balance`):
 
 - ``"params"`` (the default, no input needed): equal parameter counts, i.e. equal memory for
   the weights, which is why one splits a model in the first place. For a ResNet that is a poor
   *time* balance: the last stage has most of the weights and little of the compute.
-- ``"time"`` (needs ``sample=``): equal measured time per stage (forward + backward of a
-  micro-batch-sized ``sample``), what a training pipeline needs; ``"forward_time"`` measures
-  the forward pass only, for inference.
-- ``"flops"`` (needs ``sample=``): equal counted floating-point operations; like ``"time"``
+- ``"time"`` (needs ``sample=``, one micro-batch): measured training-step times, with the forward
+  and the backward pass balanced each (GPipe runs them one after the other, each at the pace of
+  its slowest stage); ``"forward_time"`` measures the forward pass only, for inference.
+- ``"flops"`` (needs ``sample=``): equal counted floating-point operations; like ``"forward_time"``
   but deterministic (it ignores memory-bound layers such as pooling and BatchNorm).
-
-Each picks the contiguous cut that makes the most expensive stage as cheap as possible.
 
 Example::
 
@@ -30,9 +29,7 @@ Example::
 
 from __future__ import annotations
 
-import statistics
-import time
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -41,10 +38,10 @@ from gpulab.devices import LogicalDevice
 from gpulab.devices import registry as _placement
 from gpulab.devices.validate import check_devices
 from gpulab.parallel import comm
+from gpulab.parallel.pipeline.balance import Balance, balanced_boundaries, choose_boundaries, layer_costs
 
+# layer_costs and balanced_boundaries lived here before balance.py: kept importable from here
 __all__ = ["SplitModel", "split_model", "model_layers", "layer_costs", "balanced_boundaries"]
-
-Balance = Literal["params", "time", "forward_time", "flops"]
 
 
 class SplitModel(nn.Module):
@@ -128,95 +125,6 @@ def model_layers(model: nn.Module | Sequence[nn.Module]) -> list[nn.Module]:
     return layers
 
 
-def layer_costs(layers: Sequence[nn.Module], balance: Balance = "params", sample: torch.Tensor | None = None,
-                *, repeats: int = 3) -> list[float]:
-    """The cost of each layer: parameter count, measured seconds, or counted forward FLOPs.
-
-    ``"time"`` runs ``sample`` forward and backward through each layer ``repeats`` times (after
-    a warm-up) and keeps each layer's median: a training step's cost (``"forward_time"``: the
-    forward pass only, an inference's cost). It runs in eval mode and
-    through ``torch.autograd.grad``, so BatchNorm's running statistics and the ``.grad`` of the
-    parameters are left as they were. Measure with the threads the real run will use (lab 07 uses one
-    intra-op thread per device: :func:`gpulab.parallel.intra_op_threads`).
-
-    Raises:
-        ValueError: for an unknown ``balance``, or one that runs the layers without ``sample``.
-    """
-    if balance == "params":
-        return [float(sum(p.numel() for p in layer.parameters())) for layer in layers]
-    if balance not in ("time", "forward_time", "flops"):
-        raise ValueError(f"balance must be 'params', 'time', 'forward_time' or 'flops', got {balance!r}")
-    if not isinstance(sample, torch.Tensor):
-        raise ValueError(f"balance={balance!r} runs the layers: pass sample=a small input batch, e.g. x[:8]")
-    was_training = [layer.training for layer in layers]
-    for layer in layers:
-        layer.eval()
-    try:
-        with torch.no_grad():
-            if balance == "flops":
-                from torch.utils.flop_counter import FlopCounterMode
-
-                costs, h = [], sample
-                for layer in layers:
-                    counter = FlopCounterMode(display=False)
-                    with counter:
-                        h = layer(h)
-                    costs.append(float(counter.get_total_flops()))
-                return costs
-            times: list[list[float]] = [[] for _ in layers]
-            for r in range(repeats + 1):  # the first pass warms up (allocator, kernels)
-                h = sample
-                for i, layer in enumerate(layers):
-                    train = balance == "time"
-                    with torch.set_grad_enabled(train):  # a training step: forward + backward
-                        t0 = time.perf_counter()
-                        h_in = h.detach().requires_grad_(train and h.is_floating_point())
-                        out = layer(h_in.clone() if train else h_in)  # a layer may work in place: not on a leaf
-                        wrt = [t for t in (h_in, *layer.parameters()) if t.requires_grad]
-                        if train and wrt and out.requires_grad:  # grad(), not backward(): no .grad touched
-                            torch.autograd.grad(out, wrt, torch.ones_like(out))
-                        if out.is_cuda:
-                            torch.cuda.synchronize(out.device)  # GPU kernels are asynchronous
-                    if r:
-                        times[i].append(time.perf_counter() - t0)
-                    h = out.detach()
-            return [statistics.median(t) for t in times]
-    finally:
-        for layer, mode in zip(layers, was_training):
-            layer.train(mode)
-
-
-def balanced_boundaries(costs: Sequence[float], num_stages: int) -> list[int]:
-    """Where to cut ``len(costs)`` layers into ``num_stages`` contiguous, non-empty stages so that
-    the most expensive stage is as cheap as possible (linear partition, by dynamic programming).
-
-    Returns:
-        ``num_stages - 1`` increasing indices: stage ``i`` starts at ``result[i - 1]``.
-    """
-    n = len(costs)
-    if not 1 <= num_stages <= n:
-        raise ValueError(f"cannot cut {n} layers into {num_stages} stages: each stage needs at least one layer")
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-    inf = float("inf")
-    # best[s][i]: the cheapest bottleneck for the first i layers in s stages; cut[s][i]: last cut
-    best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, num_stages + 1):
-        for i in range(s, n + 1):
-            for k in range(s - 1, i):
-                worst = max(best[s - 1][k], prefix[i] - prefix[k])
-                if worst < best[s][i]:
-                    best[s][i], cut[s][i] = worst, k
-    bounds, i = [], n
-    for s in range(num_stages, 1, -1):
-        i = cut[s][i]
-        bounds.append(i)
-    return bounds[::-1]
-
-
 def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[LogicalDevice],
                 boundaries: Sequence[int] | None = None, *, balance: Balance = "params",
                 sample: torch.Tensor | None = None) -> SplitModel:
@@ -230,9 +138,9 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
             layers 0-4 on ``devices[0]`` and the rest on ``devices[1]``. Default: chosen by
             ``balance``.
         balance: how to choose the cut when ``boundaries`` is None: ``"params"`` (default:
-            equal parameter counts, i.e. equal weight memory), ``"time"`` (equal measured forward +
-            backward time), ``"forward_time"`` or ``"flops"``; all but ``"params"`` need
-            ``sample``. See the module docstring.
+            equal parameter counts, i.e. equal weight memory), ``"time"`` (measured training-step
+            time, each pass balanced), ``"forward_time"`` or ``"flops"``; all but ``"params"``
+            need ``sample``. See the module docstring.
         sample: an input batch, for ``balance="time"``, ``"forward_time"`` or ``"flops"``; for a pipeline, one
             micro-batch (costs depend on the batch size).
 
@@ -252,7 +160,7 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
         raise ValueError(f"cannot split {n} layers into {s} stages: every stage needs at least one layer. "
                          f"Use at most {n} devices, or a model with more layers")
     if boundaries is None:
-        boundaries = balanced_boundaries(layer_costs(layers, balance, sample), s)
+        boundaries = choose_boundaries(layers, s, balance, sample)
     else:
         boundaries = list(boundaries)
         if len(boundaries) != s - 1 or any(isinstance(b, bool) or not isinstance(b, int) for b in boundaries):

@@ -17,6 +17,7 @@ from torch import nn
 from gpulab.devices import logical_devices, placement
 from gpulab.memory import MemoryMeter
 from gpulab.parallel import PipelinedModel, split_model
+from gpulab.parallel.pipeline import gpipe_train_step
 
 from .models import _images, _model
 
@@ -231,3 +232,24 @@ def test_a_stage_may_start_with_an_in_place_layer(devices):
     torch.testing.assert_close(x2.grad, x1.grad)
     for p1, p2 in zip(whole.parameters(), pipe.parameters()):
         torch.testing.assert_close(p2.grad, p1.grad)
+
+
+@pytest.mark.parametrize("split_size", [3, 8])
+def test_gpipe_train_step_is_a_training_step_of_the_whole_model(devices, split_size):
+    model = _model("group")
+    whole = copy.deepcopy(model)
+    split = split_model(model, devices, boundaries=[4])
+    x, y = _images(), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2])
+    expected = nn.functional.cross_entropy(whole(x), y)
+    expected.backward()
+    timeline = []
+    loss = gpipe_train_step(list(split.stages), split.devices, x, y, split_size, timeline=timeline)
+    assert loss == pytest.approx(expected.item())
+    for (name, p1), p2 in zip(whole.named_parameters(), split.parameters()):
+        torch.testing.assert_close(p2.grad, p1.grad, msg=lambda m, n=name: f"{n}: {m}")
+    m = -(-8 // split_size)
+    assert sorted((e.phase, e.stage, e.micro_batch) for e in timeline) == sorted(
+        (ph, s, j) for ph in ("forward", "backward") for s in range(2) for j in range(m))
+    gpipe_train_step(list(split.stages), split.devices, x, y, split_size)  # accumulates, as .backward() does
+    for p1, p2 in zip(whole.parameters(), split.parameters()):
+        torch.testing.assert_close(p2.grad, 2 * p1.grad)

@@ -9,6 +9,7 @@ import torch
 
 from gpulab.devices import cuda_device_count, logical_devices
 from gpulab.parallel import PipelinedModel, split_model
+from gpulab.parallel.pipeline import gpipe_train_step
 
 from .models import _images, _model
 
@@ -47,3 +48,21 @@ def test_cuda_streams_on_two_gpus_match_the_whole_model():
     whole(x).sum().backward()
     for p1, p2 in zip(whole.parameters(), pipe.parameters()):
         torch.testing.assert_close(p2.grad.cpu(), p1.grad.cpu(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpipe_train_step_on_one_gpu_is_the_whole_models_step():
+    # written from torch's CUDA semantics documentation; not run where there is no GPU
+    devs = logical_devices(2, ["cuda:0"])
+    model = _model("group").float().cuda()
+    whole = copy.deepcopy(model)
+    split = split_model(model, devs, boundaries=[4])
+    x, y = _images().float().cuda(), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2], device="cuda")
+    expected = torch.nn.functional.cross_entropy(whole(x), y)
+    expected.backward()
+    timeline = []
+    loss = gpipe_train_step(list(split.stages), split.devices, x, y, 3, timeline=timeline)
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    for p1, p2 in zip(whole.parameters(), split.parameters()):
+        torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-4, atol=1e-4)
+    assert {e.phase for e in timeline} == {"forward"}  # the stream schedule times the forward only
