@@ -281,7 +281,7 @@ class _NapBack(torch.autograd.Function):
 def test_train_step_speedup_reports_sequential_code_and_passes_a_pipeline(devices):
     split = split_model(nn.Sequential(_Nap(), _Nap()), devices)
     x, y = torch.randn(8, 2), torch.zeros(8, 2)
-    with pytest.raises(GradingError, match=r"pipelined_train_step: overlap speedup needs at least 3.00x.*measured yours"):
+    with pytest.raises(GradingError, match=r"pipelined_train_step: overlap speedup .*needs at least 3.00x.*measured yours"):
         check_train_step_speedup(_sequential_step, split, x, y, 2, loss_fn=_mse, at_least=3.0, repeats=2, attempts=1)
     result = check_train_step_speedup(gpipe_train_step, split, x, y, 2, loss_fn=_mse, at_least=1.0, repeats=2,
                                       attempts=1)
@@ -300,5 +300,5 @@ def test_overlap_speedup_well_below_the_reference_on_a_free_machine_fails(device
 
     split = split_model(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), devices)
     monkeypatch.setattr(lab07, "time_interleaved", timed)
-    with pytest.raises(GradingError, match=r"yours 1.20x vs reference 1.60x \(1.90 cores\)"):
+    with pytest.raises(GradingError, match=r"yours 1.20x, reference 1.60x \(1.90 cores"):
         check_overlap_speedup(_reference, split, torch.randn(8, 2), 2, attempts=2)
