@@ -7,4 +7,12 @@ from here; they never define reusable code themselves.
     python -m gpulab doctor      # what this machine has and what will run where
 """
 
+import os
+
 __version__ = "0.1.0"
+
+# torch.profiler's C++ half (kineto) logs "USDT: ... profiler_start" to stderr on every profile, and
+# nbgrader scores a test cell that wrote to stderr 0, whoever wrote it. Its levels put these lines
+# above its errors, so only 6 silences them; read before the first profile of the process, so
+# importing gpulab first is enough. Set KINETO_LOG_LEVEL=3 yourself to see kineto's warnings again.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
