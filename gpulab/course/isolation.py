@@ -134,6 +134,20 @@ def kernel_paths() -> list[str]:
     return sorted(p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths))
 
 
+def kept_under_tmp() -> list[str]:
+    """What of the machine's ``/tmp`` a submission's private ``/tmp`` still shows (read-only):
+    this Python and gpulab, where they were installed or cloned under ``/tmp``."""
+    from gpulab.course.nsinit import under_tmp
+
+    return under_tmp(kernel_paths())
+
+
+def _keep_args() -> list[str]:
+    """nsinit's ``--keep`` for this Python and gpulab: a checkout or a venv under ``/tmp`` must stay
+    reachable when each submission gets a private ``/tmp``."""
+    return [a for p in kernel_paths() for a in ("--keep", p)]
+
+
 def _kernel_prefix(uid: int) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
             "--"]
@@ -146,7 +160,7 @@ def _try(root: bool) -> tuple[str | None, str | None]:
         return f"Linux namespaces do not exist on {platform.system()}", "needs Linux namespaces"
     if shutil.which("unshare") is None:
         return "util-linux unshare is not installed", "needs util-linux unshare"
-    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "1", "--shm-mb", "1"]
+    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "1", "--shm-mb", "1", *_keep_args()]
     check = [sys.executable, "-c", "import sys, gpulab.course.jail; print(sys.base_prefix)"]
     proc = _run(["unshare", *_unshare_flags(root), "--", *init, "--", *check])
     if proc.returncode != 0:
@@ -247,6 +261,7 @@ class Submission:
     group: cgroups.Group | None = None
     uid: int | None = None
     peaks: dict[str, int | None] = field(default_factory=dict)
+    masks: list[str] = field(default_factory=list)  # what no kernel may read (nsinit --mask)
 
     def __post_init__(self) -> None:
         sup = self.plan.cgroups
@@ -259,11 +274,13 @@ class Submission:
         """``command`` (nbgrader) started in the submission's namespaces and cgroup."""
         if not self.plan.namespaces:
             return command
-        init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", str(self.tmp_mb), "--shm-mb", str(self.shm_mb)]
+        init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", str(self.tmp_mb), "--shm-mb", str(self.shm_mb),
+                *_keep_args()]
         for procs in self.group.procs_files("grader") if self.group else []:
             init += ["--cgroup-procs", procs]
         if report is not None:
             init += ["--report", str(report)]
+        init += [a for p in self.masks for a in ("--mask", p)]
         if self.uid is not None:  # the kernel's uid must reach this Python, even under a closed home folder
             init += [a for p in kernel_paths() for a in ("--expose", p)]
         return ["unshare", *_unshare_flags(self.plan.root), "--", *init, "--", *command]

@@ -220,11 +220,14 @@ def _closest(path: str, folders: Sequence[str]) -> int:
 
 
 def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
-               unreadable: Sequence[str] = (), readable: Sequence[str] = ()) -> Callable[[str, tuple], None]:
+               unreadable: Sequence[str] = (), readable: Sequence[str] = (),
+               unwritable: Sequence[str] = ()) -> Callable[[str, tuple], None]:
     """An audit hook that refuses (``PermissionError``) and logs Python-level writes outside
-    ``writable`` (None: writes are not guarded) and reads under ``unreadable``. Paths are
-    resolved (symlinks, ``..``) before they are compared."""
+    ``writable`` (None: writes are not guarded) or under ``unwritable`` (a read-only folder inside
+    a writable one), and reads under ``unreadable``. Paths are resolved (symlinks, ``..``) before
+    they are compared; the most specific rule wins."""
     folders = None if writable is None else tuple(os.path.realpath(f) for f in writable)
+    frozen = tuple(os.path.realpath(f) for f in unwritable)
     hidden = tuple(os.path.realpath(f) for f in unreadable)
     allowed = tuple(os.path.realpath(f) for f in readable)
 
@@ -258,7 +261,7 @@ def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
             if target is None or isinstance(target, int):
                 continue  # an already-open file descriptor
             real = os.path.realpath(os.fsdecode(target))
-            if not is_beneath(real, folders):
+            if not is_beneath(real, folders) or _closest(real, frozen) > _closest(real, folders):
                 if "__pycache__" not in real:  # importlib's bytecode cache: refused quietly, imports still work
                     log({"event": event, "path": real})
                 raise PermissionError(f"gpulab grading sandbox: writing to {real} is not allowed; a lab may only "
@@ -273,6 +276,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-rlimit", choices=("data", "as"), default="data")
     p.add_argument("--fsize-mb", type=int, default=0)
     p.add_argument("--write", action="append", default=[], help="a folder the kernel may write in (repeat)")
+    p.add_argument("--no-write", action="append", default=[],
+                   help="a folder beneath a --write one that stays read-only (repeat)")
     p.add_argument("--no-read", action="append", default=[], help="a folder or file the kernel may not read (repeat)")
     p.add_argument("--read", action="append", default=[], help="a folder beneath a --no-read one that stays readable")
     p.add_argument("--no-scope", action="store_true", help="let the process signal processes outside the jail")
@@ -317,7 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     if command[0] != "-m":
         os.execvp(command[0], command)  # not Python: limits and Landlock are inherited by exec
     if args.write or unreadable:
-        sys.addaudithook(file_guard(writable if args.write else None, log, unreadable, readable))
+        sys.addaudithook(file_guard(writable if args.write else None, log, unreadable, readable,
+                                   [os.path.realpath(p) for p in args.no_write]))
     sys.argv = [command[1], *command[2:]]
     runpy.run_module(command[1], run_name="__main__", alter_sys=True)
 

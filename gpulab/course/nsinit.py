@@ -34,7 +34,8 @@ import sys
 from typing import TextIO
 
 # include/uapi/linux/mount.h
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 2, 4, 4096, 16384
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 # include/uapi/linux/sockios.h and if.h
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -57,16 +58,61 @@ def loopback_up() -> None:
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
-def private_mounts(tmp_mb: int, shm_mb: int) -> None:
+def private_mounts(tmp_mb: int, shm_mb: int, keep: list[str] | None = None,
+                   mask: list[str] | None = None) -> list[str]:
     """Fresh size-capped tmpfs on ``/tmp`` and ``/dev/shm``, and a devpts instance of its own on
-    ``/dev/pts`` (the machine's terminals, the instructor's included, are not in it)."""
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+    ``/dev/pts`` (the machine's terminals, the instructor's included, are not in it).
+
+    ``keep``: paths that must stay reachable (the Python that runs nbgrader and the kernel, the
+    gpulab checkout); those under ``/tmp`` (a checkout cloned there, a venv made there) are bound
+    back into the new ``/tmp`` at the same place, read-only, and nothing else of the machine's
+    ``/tmp`` is. Read-only because the kernel may write anywhere in its private ``/tmp``, and a
+    Landlock rule on a folder also covers what is mounted beneath it, which is also why each of
+    ``mask`` (what no kernel may read: the course, ``.git``) that lies in a kept folder is covered
+    by an empty read-only tmpfs (a file: by ``/dev/null``). Returns the folders kept."""
+    kept = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in under_tmp(keep or [])]  # opened before /tmp is covered
+    try:
+        mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+        for path, fd in kept:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+            mount("none", path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | _locked_flags(path))
+        for path in _masked(mask or [], [p for p, _ in kept]):
+            if os.path.isdir(path):
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0555")
+            else:
+                mount("/dev/null", path, None, MS_BIND)
+    finally:
+        for _, fd in kept:
+            os.close(fd)
     if os.path.isdir("/dev/shm"):
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_mb}m,mode=1777")
     if os.path.isdir("/dev/pts"):
         mount("devpts", "/dev/pts", "devpts", MS_NOSUID, "newinstance,ptmxmode=0666,mode=0620")
         if os.path.exists("/dev/ptmx"):
             mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)  # openpty() allocates in the new instance
+    return [p for p, _ in kept]
+
+
+def _locked_flags(path: str) -> int:
+    """The flags a remount of ``path`` must keep (in a user namespace, dropping nosuid, nodev,
+    noexec or an atime flag that the machine's mount has is refused with EPERM)."""
+    f = os.statvfs(path).f_flag
+    flags = f & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)  # ST_* = MS_* for these
+    return flags | (MS_RELATIME if f & 4096 else 0)  # ST_RELATIME
+
+
+def _masked(paths: list[str], kept: list[str]) -> list[str]:
+    """The existing ones of ``paths`` (resolved) that lie beneath one of ``kept``."""
+    real = {os.path.realpath(p) for p in paths}
+    return sorted(p for p in real if os.path.lexists(p) and any(p.startswith(k + "/") or p == k for k in kept))
+
+
+def under_tmp(paths: list[str]) -> list[str]:
+    """The existing folders among ``paths`` that lie under ``/tmp`` (resolved), outermost only."""
+    inside = sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)})
+    inside = [p for p in inside if p.startswith("/tmp/")]
+    return [p for p in inside if not any(q != p and p.startswith(q + "/") for q in inside)]
 
 
 def _closed_ancestor(path: str) -> str | None:
@@ -111,6 +157,8 @@ def run(command: list[str], report_to: TextIO | None) -> int:
             signal.signal(sig, signal.SIG_DFL)
         try:
             os.execvp(command[0], command)
+        except OSError as err:
+            print(f"gpulab.course.nsinit: cannot start {command[0]}: {err}", file=sys.stderr, flush=True)
         finally:
             os._exit(127)
 
@@ -168,6 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tmp-mb", type=int, default=1024)
     p.add_argument("--shm-mb", type=int, default=1024)
     p.add_argument("--no-mounts", action="store_true", help="keep the machine's /tmp and /dev/shm")
+    p.add_argument("--keep", action="append", default=[],
+                   help="a path under /tmp to keep reachable in the private /tmp (repeat)")
+    p.add_argument("--mask", action="append", default=[],
+                   help="a path no kernel may read: shown empty where it lies in a kept folder (repeat)")
     p.add_argument("--expose", action="append", default=[],
                    help="a path the kernel's uid must reach through a closed folder (repeat)")
     p.add_argument("--report", default=None, help="write what the submission left here (JSON, nsinit.report)")
@@ -183,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
             with open(procs, "w") as fh:
                 fh.write("0")
         if not args.no_mounts:
-            private_mounts(args.tmp_mb, args.shm_mb)
+            private_mounts(args.tmp_mb, args.shm_mb, args.keep, args.mask)
             expose(args.expose)
         loopback_up()
     except OSError as err:

@@ -168,9 +168,14 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     own = [work, tmp] + ([Path("/tmp")] if private_tmp else [])  # /tmp: the submission's private tmpfs
     if limits.confine_writes:
         jail_args += [a for d in own for a in ("--write", str(d))]
+        if private_tmp:  # a checkout or venv under /tmp is bound back read-only (nsinit): say so when written to
+            jail_args += [a for d in isolation.kept_under_tmp() for a in ("--no-write", d)]
     if limits.confine_reads:
-        for path in readguard.instructor_files(course, box, template_db) + list(secrets or []):
+        unreadable = readguard.instructor_files(course, box, template_db) + list(secrets or [])
+        for path in unreadable:
             jail_args += ["--no-read", str(path)]
+        if sub is not None:  # where they lie in a checkout kept under /tmp, nsinit hides them too
+            sub.masks = [str(p) for p in unreadable]
         jail_args += [a for d in own for a in ("--read", str(d))]
     prefix = sub.kernel_prefix() if sub is not None else []
     tail = _CONFIG_TAIL.format(root=str(box), db_url=f"sqlite:///{box / 'gradebook.db'}", jail_args=jail_args,

@@ -11,6 +11,7 @@ import pytest
 from conftest import COURSE
 
 from gpulab.course import grade as grading_run
+from gpulab.course import isolation
 from gpulab.course.__main__ import main as course_main
 from gpulab.course.release import release
 
@@ -27,7 +28,9 @@ def test_grade_reports_a_corrupt_submission_and_grades_the_rest(tmp_path: Path) 
     bad = course / "submitted" / "bob" / "00_setup"
     bad.mkdir(parents=True)
     (bad / "00_setup.ipynb").write_text('{"cells": [ this is not json')
-    rows = grading_run.grade(course, "00_setup")
+    weaker = bool(isolation.detect().off())  # a machine without namespaces grades too, noting it
+    rows = grading_run.grade(course, "00_setup", limits=grading_run.Limits(
+        memory_mb=grading_run.default_memory_mb(grading_run.default_jobs()), allow_weaker=weaker))
     by_student = {r.student: r for r in rows}
     assert by_student["alice"].score == by_student["alice"].max_score > 0
     assert by_student["bob"].score == 0 and "not valid JSON" in by_student["bob"].notes

@@ -125,6 +125,38 @@ subprocess.Popen(["sleep", "{os.getpid() % 10000 + 40000}"], start_new_session=T
     assert any("1 process(es) it started outlived its kernel (sleep)" in n for n in notes)
 
 
+@needs_ns
+def test_a_checkout_under_tmp_stays_reachable_and_nothing_else_of_tmp(tmp_path: Path) -> None:
+    """A clone (and its venv) under /tmp: the private /tmp binds it back, read-only, with what no kernel
+    may read (the course, .git) masked in it; a classmate's file beside it is not there. A command that cannot start says why (it was exit 127 and no message)."""
+    assert str(tmp_path.resolve()).startswith("/tmp/"), "pytest's tmp_path is expected under /tmp"
+    kept, beside = tmp_path / "checkout", tmp_path / "beside.txt"
+    (kept / "notebooks" / "source").mkdir(parents=True)
+    (kept / "inside.txt").write_text("kept")
+    (kept / "notebooks" / "source" / "answers.txt").write_text("secret")
+    (kept / "HEAD").write_text("secret")
+    beside.write_text("secret")
+    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "16", "--shm-mb", "16", *isolation._keep_args(),
+            "--keep", str(kept), "--mask", str(kept / "notebooks"), "--mask", str(kept / "HEAD"), "--mask", "/var/nope"]
+    code = f"""import os
+try:
+    open({str(kept / 'new.txt')!r}, "w")
+    written = "written"
+except OSError as err:
+    written = os.strerror(err.errno).replace(" ", "-")
+print(open({str(kept / 'inside.txt')!r}).read(), os.path.exists({str(beside)!r}), written,
+      os.listdir({str(kept / 'notebooks')!r}), repr(open({str(kept / 'HEAD')!r}).read()))"""
+    unshare = ["unshare", *isolation._unshare_flags(PLAN.root), "--"]
+    proc = subprocess.run([*unshare, *init, "--", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["kept", "False", "Read-only-file-system", "[]", "''"], \
+        (proc.stdout, proc.stderr)  # the masked course folder and file: empty to any program, cat included
+    assert not (kept / "new.txt").exists()
+    proc = subprocess.run([*unshare, *init, "--", str(tmp_path / "no-such-python")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 127 and "cannot start" in proc.stderr and "no-such-python" in proc.stderr, proc.stderr
+
+
 @needs_root
 def test_the_kernel_runs_under_an_unused_uid_with_no_capabilities_and_cannot_type_into_a_terminal() -> None:
     sub = isolation.Submission(PLAN, pids_max=128, memory_mb=0, tmp_mb=32, shm_mb=32)

@@ -96,3 +96,10 @@ def test_audit_hook_lets_the_most_specific_rule_win(tmp_path: Path) -> None:
             hook("open", (str(denied), "rb", 0))
     assert [e["path"] for e in log] == [str(tmp_path / "grading" / "classmate" / "gradebook.db"),
                                         str(tmp_path / "tmp" / "course" / "lab.ipynb")]
+    # writes: the private /tmp is writable, a checkout kept read-only inside it (nsinit --keep) is not
+    log.clear()
+    hook = file_guard([str(tmp_path / "tmp")], log.append, unwritable=[str(tmp_path / "tmp" / "checkout")])
+    hook("open", (str(tmp_path / "tmp" / "scratch.bin"), "w", 0))
+    with pytest.raises(PermissionError, match="not allowed"):
+        hook("open", (str(tmp_path / "tmp" / "checkout" / "gpulab" / "grading" / "checks.py"), "w", 0))
+    assert [e["path"] for e in log] == [str(tmp_path / "tmp" / "checkout" / "gpulab" / "grading" / "checks.py")]
