@@ -86,7 +86,10 @@ def graded(tmp_path_factory: pytest.TempPathFactory, terminal):
 def test_every_student_gets_the_expected_score_and_note(graded) -> None:
     course, fixture, rows, _ = graded
     assert len(fixture) >= 12 and set(rows) == set(fixture)
-    wrong = {s: (rows[s].score, case.score, rows[s].notes) for s, case in fixture.items() if rows[s].score != case.score}
+    # without the OS layers (a grader with no cgroup delegation) an OS attack may also cost its own
+    # marks (a fork bomb with no pids.max runs into the cell time limit): at most, not exactly
+    wrong = {s: (rows[s].score, case.score, rows[s].notes) for s, case in fixture.items()
+             if rows[s].score != case.score and (ISOLATED or s not in ATTACKS or rows[s].score > case.score)}
     assert not wrong, f"student: (got, expected, notes) {wrong}"
     for student, case in fixture.items():
         assert rows[student].max_score == MAX_SCORE
