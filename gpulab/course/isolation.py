@@ -142,10 +142,10 @@ def kept_under_tmp() -> list[str]:
     return under_tmp(kernel_paths())
 
 
-def _keep_args() -> list[str]:
-    """nsinit's ``--keep`` for this Python and gpulab: a checkout or a venv under ``/tmp`` must stay
-    reachable when each submission gets a private ``/tmp``."""
-    return [a for p in kernel_paths() for a in ("--keep", p)]
+def _keep_args(paths: list[str]) -> list[str]:
+    """nsinit's ``--keep`` for this Python and gpulab (``paths``: :func:`kernel_paths`): a checkout
+    or a venv under ``/tmp`` must stay reachable when each submission gets a private ``/tmp``."""
+    return [a for p in paths for a in ("--keep", p)]
 
 
 def _kernel_prefix(uid: int) -> list[str]:
@@ -160,7 +160,8 @@ def _try(root: bool) -> tuple[str | None, str | None]:
         return f"Linux namespaces do not exist on {platform.system()}", "needs Linux namespaces"
     if shutil.which("unshare") is None:
         return "util-linux unshare is not installed", "needs util-linux unshare"
-    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "1", "--shm-mb", "1", *_keep_args()]
+    paths = kernel_paths()
+    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "1", "--shm-mb", "1", *_keep_args(paths)]
     check = [sys.executable, "-c", "import sys, gpulab.course.jail; print(sys.base_prefix)"]
     proc = _run(["unshare", *_unshare_flags(root), "--", *init, "--", *check])
     if proc.returncode != 0:
@@ -172,7 +173,7 @@ def _try(root: bool) -> tuple[str | None, str | None]:
         return None, None
     if shutil.which("setpriv") is None:
         return None, "the grader is root and util-linux setpriv is missing"
-    exposed = [a for p in kernel_paths() for a in ("--expose", p)]
+    exposed = [a for p in paths for a in ("--expose", p)]
     proc = _run(["unshare", *_unshare_flags(root), "--", *init, *exposed, "--", *_kernel_prefix(pick_kernel_uid()),
                  *check])
     if proc.returncode != 0 or proc.stdout.strip() != sys.base_prefix:
@@ -274,15 +275,16 @@ class Submission:
         """``command`` (nbgrader) started in the submission's namespaces and cgroup."""
         if not self.plan.namespaces:
             return command
+        paths = kernel_paths()
         init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", str(self.tmp_mb), "--shm-mb", str(self.shm_mb),
-                *_keep_args()]
+                *_keep_args(paths)]
         for procs in self.group.procs_files("grader") if self.group else []:
             init += ["--cgroup-procs", procs]
         if report is not None:
             init += ["--report", str(report)]
         init += [a for p in self.masks for a in ("--mask", p)]
         if self.uid is not None:  # the kernel's uid must reach this Python, even under a closed home folder
-            init += [a for p in kernel_paths() for a in ("--expose", p)]
+            init += [a for p in paths for a in ("--expose", p)]
         return ["unshare", *_unshare_flags(self.plan.root), "--", *init, "--", *command]
 
     def join_command(self) -> list[str]:

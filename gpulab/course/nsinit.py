@@ -70,28 +70,36 @@ def private_mounts(tmp_mb: int, shm_mb: int, keep: list[str] | None = None,
     Landlock rule on a folder also covers what is mounted beneath it, which is also why each of
     ``mask`` (what no kernel may read: the course, ``.git``) that lies in a kept folder is covered
     by an empty read-only tmpfs (a file: by ``/dev/null``). Returns the folders kept."""
-    kept = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in under_tmp(keep or [])]  # opened before /tmp is covered
-    try:
-        mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
-        for path, fd in kept:
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-            mount("none", path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | _locked_flags(path))
-        for path in _masked(mask or [], [p for p, _ in kept]):
-            if os.path.isdir(path):
-                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0555")
-            else:
-                mount("/dev/null", path, None, MS_BIND)
-    finally:
-        for _, fd in kept:
-            os.close(fd)
+    kept = under_tmp(keep or [])
+    _cover("/tmp", f"size={tmp_mb}m,mode=1777", kept, read_only=True)
+    for path in _masked(mask or [], kept):
+        if os.path.isdir(path):
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0555")
+        else:
+            mount("/dev/null", path, None, MS_BIND)
     if os.path.isdir("/dev/shm"):
         mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={shm_mb}m,mode=1777")
     if os.path.isdir("/dev/pts"):
         mount("devpts", "/dev/pts", "devpts", MS_NOSUID, "newinstance,ptmxmode=0666,mode=0620")
         if os.path.exists("/dev/ptmx"):
             mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND)  # openpty() allocates in the new instance
-    return [p for p, _ in kept]
+    return kept
+
+
+def _cover(folder: str, tmpfs_options: str, keep: list[str], read_only: bool = False) -> None:
+    """Mount an empty tmpfs over ``folder`` and bind each of ``keep`` (beneath it) back at its
+    place, read-only if asked. The paths are opened first: once covered they cannot be named."""
+    fds = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in keep]
+    try:
+        mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_options)
+        for path, fd in zip(keep, fds):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+            if read_only:
+                mount("none", path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | _locked_flags(path))
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _locked_flags(path: str) -> int:
@@ -105,14 +113,18 @@ def _locked_flags(path: str) -> int:
 def _masked(paths: list[str], kept: list[str]) -> list[str]:
     """The existing ones of ``paths`` (resolved) that lie beneath one of ``kept``."""
     real = {os.path.realpath(p) for p in paths}
-    return sorted(p for p in real if os.path.lexists(p) and any(p.startswith(k + "/") or p == k for k in kept))
+    return sorted(p for p in real if os.path.lexists(p) and _beneath(p, kept))
 
 
 def under_tmp(paths: list[str]) -> list[str]:
     """The existing folders among ``paths`` that lie under ``/tmp`` (resolved), outermost only."""
     inside = sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)})
     inside = [p for p in inside if p.startswith("/tmp/")]
-    return [p for p in inside if not any(q != p and p.startswith(q + "/") for q in inside)]
+    return [p for p in inside if not _beneath(p, [q for q in inside if q != p])]
+
+
+def _beneath(path: str, folders: list[str]) -> bool:
+    return any(path == f or path.startswith(f + "/") for f in folders)
 
 
 def _closed_ancestor(path: str) -> str | None:
@@ -137,15 +149,7 @@ def expose(paths: list[str]) -> list[str]:
         if top is not None:
             closed.setdefault(top, []).append(path)
     for top, inside in closed.items():
-        fds = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside]  # held while the folder is covered
-        try:
-            mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-            for path, fd in zip(inside, fds):
-                os.makedirs(path, mode=0o755, exist_ok=True)
-                mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        _cover(top, "size=1m,mode=0755", inside)
     return sorted(closed)
 
 

@@ -136,7 +136,7 @@ def test_a_checkout_under_tmp_stays_reachable_and_nothing_else_of_tmp(tmp_path: 
     (kept / "notebooks" / "source" / "answers.txt").write_text("secret")
     (kept / "HEAD").write_text("secret")
     beside.write_text("secret")
-    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "16", "--shm-mb", "16", *isolation._keep_args(),
+    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "16", "--shm-mb", "16", *isolation._keep_args(isolation.kernel_paths()),
             "--keep", str(kept), "--mask", str(kept / "notebooks"), "--mask", str(kept / "HEAD"), "--mask", "/var/nope"]
     code = f"""import os
 try:
