@@ -63,13 +63,15 @@ def check_device(device: Any, what: str = "device", *, usable: bool = True) -> L
     return device
 
 
-def check_devices(devices: Any, what: str = "devices", *, usable: bool = True) -> list[LogicalDevice]:
-    """``devices`` as a list of distinct LogicalDevices (see :func:`check_device` for ``usable``).
+def check_devices(devices: Any, what: str = "devices", *, usable: bool = True,
+                  repeats: bool = False) -> list[LogicalDevice]:
+    """``devices`` as a list of distinct LogicalDevices (see :func:`check_device` for ``usable``;
+    ``repeats=True`` lets a device appear more than once, as interleaved pipeline stages do).
 
     Raises:
         TypeError: if ``devices`` is one device, a name or an id instead of a list, or lists
             something that is not a LogicalDevice.
-        ValueError: if it is empty, lists a device twice, or a device is not usable.
+        ValueError: if it is empty, lists a device twice (unless ``repeats``), or a device is not usable.
     """
     if isinstance(devices, (str, int, torch.device, LogicalDevice)):
         raise TypeError(f"{what} must be a list of LogicalDevice, got {devices!r}: {_hint(1)}")
@@ -84,6 +86,8 @@ def check_devices(devices: Any, what: str = "devices", *, usable: bool = True) -
     seen: set[LogicalDevice] = set()
     for d in items:
         if d in seen:
+            if repeats:
+                continue
             raise ValueError(f"{what} lists {d} twice: each device gets one piece; list each once")
         seen.add(d)
         if usable:

@@ -45,6 +45,8 @@ class StageEvent:
         phase: ``"forward"`` or ``"backward"``.
         start: seconds since the run began.
         end: seconds since the run began.
+        lane: the worker that ran it (the stage's device, counted in order of first use), where
+            several stages share one (interleaved stages); None: the stage is its own worker.
     """
 
     stage: int
@@ -52,31 +54,45 @@ class StageEvent:
     phase: str
     start: float
     end: float
+    lane: int | None = None
 
     @property
     def duration(self) -> float:
         """Seconds of work."""
         return self.end - self.start
 
+    @property
+    def worker(self) -> int:
+        """The worker (device) that ran it: ``lane``, or the stage when every stage has its own."""
+        return self.stage if self.lane is None else self.lane
 
-def bubble_fraction(num_stages: int, num_micro_batches: int) -> float:
+
+def bubble_fraction(num_stages: int, num_micro_batches: int, chunks_per_device: int = 1) -> float:
     """The idle share of an ideal pipeline: (S - 1) / (M + S - 1).
+
+    With interleaved stages (each of the S devices holds ``chunks_per_device`` = v equal stages,
+    :class:`gpulab.parallel.PipelinedModel`), fill and drain take S - 1 small stages of 1/v the
+    work each: (S - 1) / (v M + S - 1).
 
     Args:
         num_stages: S, the number of pipeline stages (devices), >= 1.
         num_micro_batches: M, the number of micro-batches, >= 1.
+        chunks_per_device: v, the stages each device holds, >= 1.
 
     Raises:
-        ValueError: if either is not a positive int.
+        ValueError: if any is not a positive int.
     """
-    for name, v in (("num_stages", num_stages), ("num_micro_batches", num_micro_batches)):
+    for name, v in (("num_stages", num_stages), ("num_micro_batches", num_micro_batches),
+                    ("chunks_per_device", chunks_per_device)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return (num_stages - 1) / (num_micro_batches + num_stages - 1)
+    return (num_stages - 1) / (chunks_per_device * num_micro_batches + num_stages - 1)
 
 
 def measured_bubble(timeline: Sequence[StageEvent], phase: str | None = None) -> float:
-    """The idle share of the stages over the span of ``timeline`` (1 - busy / (S x span)).
+    """The idle share of the workers over the span of ``timeline`` (1 - busy / (W x span)).
+
+    A worker is a device: one per stage, or one per device for interleaved stages (``lane``).
 
     Args:
         timeline: events from one run (``PipelinedModel.timeline``).
@@ -88,16 +104,16 @@ def measured_bubble(timeline: Sequence[StageEvent], phase: str | None = None) ->
     """
     phases = [phase] if phase else sorted({e.phase for e in timeline})
     busy = span = 0.0
-    stages = {e.stage for e in timeline}
+    workers = {e.worker for e in timeline}
     for ph in phases:
         events = [e for e in timeline if e.phase == ph]
         if not events:
             raise ValueError(f"the timeline has no {ph!r} events")
         span += max(e.end for e in events) - min(e.start for e in events)
         busy += sum(e.duration for e in events)
-    if not stages or span <= 0:
+    if not workers or span <= 0:
         raise ValueError("the timeline is empty: run the pipelined model first")
-    return max(0.0, 1.0 - busy / (len(stages) * span))
+    return max(0.0, 1.0 - busy / (len(workers) * span))
 
 
 def _phase_order(events: Sequence[StageEvent], phase: str) -> list[int]:
@@ -108,22 +124,23 @@ def _phase_order(events: Sequence[StageEvent], phase: str) -> list[int]:
 
 def _dependencies(timeline: Sequence[StageEvent]):
     """Each event with the event that produced its input (None on a pass's first stage) and the
-    event its stage ran just before it (None for its first). Yielded stage by stage in the order
-    of the pass, each stage's events in the order they ran: every event comes after both."""
+    event its worker ran just before it (None for its first). Yielded so that every event comes
+    after both: in order of start time, which is the order the work really ran in."""
     for phase in sorted({e.phase for e in timeline}):
-        events = [e for e in timeline if e.phase == phase]
+        events = sorted((e for e in timeline if e.phase == phase), key=lambda ev: (ev.start, ev.end))
         order = _phase_order(events, phase)
+        position = {stage: p for p, stage in enumerate(order)}
         at = {(e.stage, e.micro_batch): e for e in events}
-        for p, stage in enumerate(order):
-            before = None
-            for e in sorted((e for e in events if e.stage == stage), key=lambda ev: ev.start):
-                yield e, (at.get((order[p - 1], e.micro_batch)) if p else None), before
-                before = e
+        before: dict[int, StageEvent] = {}
+        for e in events:
+            p = position[e.stage]
+            yield e, (at.get((order[p - 1], e.micro_batch)) if p else None), before.get(e.worker)
+            before[e.worker] = e
 
 
 def replay(timeline: Sequence[StageEvent]) -> list[StageEvent]:
     """The same schedule with free hand-offs: every event keeps its measured duration and its
-    stage's order of micro-batches, and starts as soon as its input exists and its stage is free.
+    worker's order of work, and starts as soon as its input exists and its worker is free.
 
     The bubble of the result (:func:`measured_bubble`) is what the stages' durations alone cause:
     above the formula by the imbalance between stages (per pass), below the measured one by what
@@ -139,15 +156,16 @@ def replay(timeline: Sequence[StageEvent]) -> list[StageEvent]:
     for e, producer, before in _dependencies(timeline):
         ready = max([origin[e.phase]] + [done[(x.phase, x.stage, x.micro_batch)].end
                                          for x in (producer, before) if x is not None])  # both done: see _dependencies
-        done[(e.phase, e.stage, e.micro_batch)] = StageEvent(e.stage, e.micro_batch, e.phase, ready, ready + e.duration)
+        done[(e.phase, e.stage, e.micro_batch)] = StageEvent(e.stage, e.micro_batch, e.phase, ready,
+                                                             ready + e.duration, e.lane)
     return list(done.values())
 
 
 def handoff_delays(timeline: Sequence[StageEvent]) -> list[float]:
-    """Seconds each event waited with its input ready and its stage free (a hand-off's cost).
+    """Seconds each event waited with its input ready and its worker free (a hand-off's cost).
 
     For each event after a pass's first stage: its start minus the later of (the end of the event
-    that produced its input, the end of its stage's previous event). Negative values (clock
+    that produced its input, the end of its worker's previous event). Negative values (clock
     noise) count as 0.
     """
     return [max(0.0, e.start - max(producer.end, before.end if before is not None else producer.end))
@@ -155,26 +173,35 @@ def handoff_delays(timeline: Sequence[StageEvent]) -> list[float]:
 
 
 def plot_timeline(timeline: Sequence[StageEvent], ax: Any = None, title: str = "") -> Any:
-    """A Gantt chart: one row per stage, one box per micro-batch (forward solid, backward hatched).
+    """A Gantt chart: one row per worker (a stage, or a device of interleaved stages), one box per
+    piece of work (forward solid, backward hatched).
 
     Returns:
         The matplotlib axes.
     """
     import matplotlib.pyplot as plt
 
+    shared = any(e.lane is not None and e.lane != e.stage for e in timeline)  # interleaved stages
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 1.2 + 0.5 * len({e.stage for e in timeline})))
+        _, ax = plt.subplots(figsize=(9, 1.2 + 0.5 * len({e.worker for e in timeline})))
     colors = plt.get_cmap("tab10")
     for e in timeline:
         back = e.phase == "backward"
-        ax.barh(e.stage, e.duration * 1e3, left=e.start * 1e3, color=colors(e.micro_batch % 10),
+        ax.barh(e.worker, e.duration * 1e3, left=e.start * 1e3, color=colors(e.micro_batch % 10),
                 edgecolor="black", linewidth=0.5, hatch="//" if back else None, alpha=0.6 if back else 0.9)
         if e.duration > 0.04 * max(x.end for x in timeline):
-            ax.text((e.start + e.duration / 2) * 1e3, e.stage, str(e.micro_batch), ha="center", va="center", fontsize=7)
-    stages = sorted({e.stage for e in timeline})
-    ax.set_yticks(stages, [f"stage {s}" for s in stages])
+            label = f"{e.stage}:{e.micro_batch}" if shared else str(e.micro_batch)
+            ax.text((e.start + e.duration / 2) * 1e3, e.worker, label, ha="center", va="center", fontsize=7)
+    workers = sorted({e.worker for e in timeline})
+    if shared:
+        names = [f"device {w} (stages {', '.join(map(str, sorted({e.stage for e in timeline if e.worker == w})))})"
+                 for w in workers]
+    else:
+        names = [f"stage {w}" for w in workers]
+    ax.set_yticks(workers, names)
     ax.invert_yaxis()
-    ax.set_xlabel("ms (forward solid, backward hatched; the number is the micro-batch)")
+    ax.set_xlabel("ms (forward solid, backward hatched; the number is the micro-batch"
+                  + (", after the stage)" if shared else ")"))
     if title:
         ax.set_title(title)
     return ax

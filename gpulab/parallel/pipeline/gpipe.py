@@ -16,10 +16,17 @@ How the stages overlap depends on the devices:
   each hand-off between streams. Backward is autograd's, which runs every op on its forward op's
   stream (one autograd thread per GPU).
 - **Logical devices sharing the CPU** (:mod:`~gpulab.parallel.pipeline.threads`): one Python
-  thread per stage, with a queue between neighbours. torch releases the GIL inside its kernels,
-  so two stages really compute at the same time on two cores. Backward is pipelined the same
-  way: each stage thread back-propagates its own part of each micro-batch's graph and hands the
-  input gradient to the stage before it.
+  thread per device, with a queue into each. torch releases the GIL inside its kernels, so two
+  stages really compute at the same time on two cores. Backward is pipelined the same way: each
+  thread back-propagates its stages' part of each micro-batch's graph and hands the input
+  gradient to the stage before.
+
+**Interleaved stages**: a split whose devices repeat (``split_model(model, devices * 2, ...)``:
+four stages on devices 0, 1, 0, 1) gives each device two smaller stages. Fill and drain then take
+one small stage instead of half the model, so the bubble shrinks at the same micro-batch count
+(Megatron-LM's interleaved schedule, Narayanan et al. 2021, arXiv 2104.04473), for one more
+hand-off per micro-batch and device. On the CPU path a device thread runs the work deepest in the
+pass first. On GPUs each stage keeps its own stream, so two stages of one GPU may run at once.
 
 Warning:
     Model each logical device as **one core**: run the compared variants inside
@@ -166,7 +173,10 @@ class PipelinedModel(nn.Module):
             where = (f"{stages} stages sharing {physical[0]}: simulated devices, the streams share one GPU" if shared
                      else f"{stages} stages on {len(physical)} GPUs: real devices")
             return f"CUDA streams, {how}: {where}"
-        return (f"CPU threads, {how}: {stages} stages, one thread each, sharing the CPU "
+        threads = len(dict.fromkeys(self.devices))
+        each = ("one thread each" if threads == stages else
+                f"interleaved on {threads} devices, one thread per device")
+        return (f"CPU threads, {how}: {stages} stages, {each}, sharing the CPU "
                 f"({torch.get_num_threads()} intra-op thread(s) per op): simulated devices")
 
     def num_micro_batches(self, batch_size: int) -> int:

@@ -54,13 +54,14 @@ class SplitModel(nn.Module):
 
     Attributes:
         stages: an ``nn.ModuleList`` of ``nn.Sequential`` stages.
-        devices: the logical device of each stage.
+        devices: the logical device of each stage (a device may hold several stages: interleaved,
+            see :class:`~gpulab.parallel.PipelinedModel`).
         boundaries: the index (into the model's layer list) where each stage after the first starts.
     """
 
     def __init__(self, stages: Sequence[nn.Module], devices: Sequence[LogicalDevice]) -> None:
         super().__init__()
-        devices = check_devices(devices)
+        devices = check_devices(devices, repeats=True)
         if len(stages) != len(devices):
             raise ValueError(f"{len(stages)} stages but {len(devices)} devices: give one device per stage")
         self.stages = nn.ModuleList(stages)
@@ -133,7 +134,9 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
     Args:
         model: a model with a ``layers()`` method (``gpulab.models.resnet``), an
             ``nn.Sequential``, or a list of modules run one after the other.
-        devices: one logical device per stage (from :func:`gpulab.devices.logical_devices`).
+        devices: one logical device per stage (from :func:`gpulab.devices.logical_devices`). A
+            device may come back (``devices * 2``: stages on devices 0, 1, 0, 1): interleaved
+            stages, which :class:`~gpulab.parallel.PipelinedModel` pipelines with a smaller bubble.
         boundaries: the layer index where each stage after the first starts, e.g. ``[5]`` puts
             layers 0-4 on ``devices[0]`` and the rest on ``devices[1]``. Default: chosen by
             ``balance``.
@@ -154,7 +157,7 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
         TypeError: a model that is not a sequence of layers, or devices that are not logical devices.
     """
     layers = model_layers(model)
-    devices = check_devices(devices)
+    devices = check_devices(devices, repeats=True)
     n, s = len(layers), len(devices)
     if s > n:
         raise ValueError(f"cannot split {n} layers into {s} stages: every stage needs at least one layer. "

@@ -1,14 +1,22 @@
 """The CPU schedule of :class:`gpulab.parallel.PipelinedModel`: one thread per stage, a queue between neighbours.
 
 GPipe (Huang et al. 2019, arXiv 1811.06965) runs every micro-batch's forward through the stages,
-then every micro-batch's backward in reverse. On logical devices that share the CPU each stage is
-a Python thread; torch releases the GIL inside its kernels, so two stages really compute at the
+then every micro-batch's backward in reverse. On logical devices that share the CPU each device is
+a Python thread; torch releases the GIL inside its kernels, so two devices really compute at the
 same time on two cores. One :class:`Sweep` is one such pass:
 
-1. put every micro-batch in the first stage's queue;
-2. each stage thread takes micro-batch j from the queue before it, does its work, and puts the
-   result in the queue after it (stage s works on j while stage s + 1 works on j - 1);
-3. the caller joins the threads and reads the results from the last queue.
+1. put every micro-batch in the queue of the first stage's device;
+2. each device thread takes work from its queue, does it, and puts the result in the queue of the
+   device of the next stage (stage s works on j while stage s + 1 works on j - 1);
+3. the caller joins the threads and reads the results of the last stage.
+
+**Interleaved stages** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+GPU Clusters Using Megatron-LM", arXiv 2104.04473): a split whose devices repeat, e.g. four
+stages on devices 0, 1, 0, 1, gives each device two smaller stages. Filling and draining the pipe
+then takes one small stage, not half the model, so the bubble shrinks. A device thread with
+several pieces of work ready runs the one deepest in the pass first (then the lowest
+micro-batch), so the first micro-batches reach the end, and the other device, early. With one
+stage per device that order is plain first-in, first-out.
 
 The forward work keeps each stage's graph, cut at every stage boundary: the next stage receives a
 detached leaf. The backward work back-propagates one stage's graph and hands the leaf's ``.grad``
@@ -35,7 +43,7 @@ from gpulab.parallel.pipeline.bubble import StageEvent
 
 __all__ = ["StageThreads", "Sweep"]
 
-_STOP = object()  # put in a queue instead of a micro-batch: the stage before failed, stop waiting
+_STOP = object()  # put in every queue when a device thread fails: stop waiting for work that will not come
 
 
 def _noted(err: BaseException, stage: int, device: LogicalDevice, micro_batch: int, phase: str) -> BaseException:
@@ -59,8 +67,10 @@ class Sweep:
     work: Callable[[int, int, Any], Any]
     grad_enabled: bool  # autograd records the work (the forward pass of a training step)
     items: list[Any]
-    # with overlap: queues[p] feeds the p-th stage of ``order``, queues[-1] collects the results
-    queues: list[queue.SimpleQueue] = field(default_factory=list)
+    # with overlap: inboxes[lane] feeds that device's thread (position in ``order``, micro-batch,
+    # input); results[j] is what the last stage of ``order`` made of micro-batch j
+    inboxes: list[queue.SimpleQueue] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)
     failed: threading.Event = field(default_factory=threading.Event)
     errors: list[BaseException] = field(default_factory=list)
 
@@ -70,14 +80,17 @@ class StageThreads:
 
     ``forward`` sends every micro-batch through every stage; ``backward`` (called by autograd)
     sends every micro-batch's output gradient back through the stages in reverse. With overlap,
-    each stage is one thread and neighbours talk through a queue; without, one thread runs the
-    same work one micro-batch after the other.
+    each device is one thread (running every stage placed on it) and they talk through queues;
+    without, one thread runs the same work one micro-batch after the other.
     """
 
     def __init__(self, stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], overlap: bool = True) -> None:
         self.stages = list(stages)
         self.devices = list(devices)
         self.overlap = overlap
+        # lanes[s]: the thread (device) that runs stage s, counting devices in order of first use
+        self.lanes = [self.devices.index(d) for d in self.devices]
+        self.lanes = [sorted(set(self.lanes)).index(lane) for lane in self.lanes]
         self.timeline: list[StageEvent] = []
         self.t0 = time.perf_counter()
         # saved[s][j] = (stage s's input leaf or None, stage s's output) for micro-batch j: the
@@ -147,44 +160,55 @@ class StageThreads:
         return results
 
     def _in_stage_threads(self, sweep: Sweep) -> list[Any]:
-        """GPipe's fill and drain: one thread per stage, a queue between neighbours, so stage s
-        works on micro-batch j while stage s + 1 works on j - 1."""
+        """GPipe's fill and drain: one thread per device, a queue into each, so stage s works on
+        micro-batch j while stage s + 1 works on j - 1."""
         # unbounded queues: a put never blocks, so a fast stage runs ahead of a slow one
-        sweep.queues = [queue.SimpleQueue() for _ in range(len(sweep.order) + 1)]
-        for item in sweep.items:
-            sweep.queues[0].put(item)
-        threads = [threading.Thread(target=self._stage_thread, args=(sweep, p), daemon=True,
-                                    name=f"gpulab-stage{s}-{sweep.phase}")
-                   for p, s in enumerate(sweep.order)]
+        lanes = sorted(set(self.lanes))
+        sweep.inboxes = [queue.SimpleQueue() for _ in lanes]
+        sweep.results = [None] * len(sweep.items)
+        for j, item in enumerate(sweep.items):
+            sweep.inboxes[self.lanes[sweep.order[0]]].put((0, j, item))
+        threads = [threading.Thread(target=self._stage_thread, args=(sweep, lane), daemon=True,
+                                    name=f"gpulab-device{lane}-{sweep.phase}") for lane in lanes]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         if sweep.errors:
-            raise sweep.errors[0]  # the first failure; the other stages stopped because of it
-        return [sweep.queues[-1].get() for _ in sweep.items]
+            raise sweep.errors[0]  # the first failure; the other threads stopped because of it
+        return sweep.results
 
-    def _stage_thread(self, sweep: Sweep, p: int) -> None:
-        """The body of the p-th stage thread of ``sweep.order``: take each micro-batch from the
-        queue before it, do the stage's work, put the result in the queue after it."""
-        s = sweep.order[p]
-        inbox, outbox = sweep.queues[p], sweep.queues[p + 1]
-        done = 0
+    def _stage_thread(self, sweep: Sweep, lane: int) -> None:
+        """The body of one device's thread: take work from its queue, the deepest in the pass
+        first, run it, hand the result to the device of the next stage."""
+        positions = [p for p, s in enumerate(sweep.order) if self.lanes[s] == lane]
+        todo = len(positions) * len(sweep.items)
+        ready: list[tuple[int, int, Any]] = []
         try:
             # grad mode and the current logical device are per thread: set them in this one
-            with torch.set_grad_enabled(sweep.grad_enabled), self.devices[s]:
-                for j in range(len(sweep.items)):
-                    item = inbox.get()
-                    if item is _STOP or sweep.failed.is_set():
-                        break
-                    outbox.put(self._timed(sweep, s, j, item))
-                    done += 1
+            with torch.set_grad_enabled(sweep.grad_enabled), self.devices[sweep.order[positions[0]]]:
+                for _ in range(todo):
+                    if not ready:
+                        ready.append(sweep.inboxes[lane].get())  # wait for work
+                    while True:  # and take whatever else has arrived meanwhile
+                        try:
+                            ready.append(sweep.inboxes[lane].get_nowait())
+                        except queue.Empty:
+                            break
+                    if sweep.failed.is_set() or any(work is _STOP for work in ready):
+                        return
+                    ready.sort(key=lambda work: (work[0], -work[1]))  # deepest, then oldest, last
+                    p, j, item = ready.pop()
+                    result = self._timed(sweep, sweep.order[p], j, item)
+                    if p + 1 < len(sweep.order):
+                        sweep.inboxes[self.lanes[sweep.order[p + 1]]].put((p + 1, j, result))
+                    else:
+                        sweep.results[j] = result
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
             sweep.errors.append(err)
             sweep.failed.set()
-        finally:
-            if done < len(sweep.items):
-                outbox.put(_STOP)  # the next stage must not wait for what will not come
+            for inbox in sweep.inboxes:
+                inbox.put(_STOP)  # the other devices must not wait for what will not come
 
     def _timed(self, sweep: Sweep, s: int, j: int, item: Any) -> Any:
         """``sweep.work(s, j, item)``, recorded on the timeline; an error gets a note naming the stage."""
@@ -193,5 +217,5 @@ class StageThreads:
             result = sweep.work(s, j, item)
         except BaseException as err:
             raise _noted(err, s, self.devices[s], j, sweep.phase) from None
-        self.timeline.append(StageEvent(s, j, sweep.phase, start, time.perf_counter() - self.t0))
+        self.timeline.append(StageEvent(s, j, sweep.phase, start, time.perf_counter() - self.t0, self.lanes[s]))
         return result
