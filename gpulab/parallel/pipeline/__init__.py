@@ -4,7 +4,8 @@
 - ``balance``: what each layer costs, and where to cut (per pass, for GPipe);
 - ``gpipe``: :class:`PipelinedModel`, GPipe's fill and drain over micro-batches, and
   :func:`gpipe_train_step` (one training step, lab 07's exercise); ``threads`` is its CPU
-  schedule (a thread per stage), ``streams`` its CUDA-stream schedule;
+  schedule (a thread per device; a device may hold interleaved stages), ``streams`` its
+  CUDA-stream schedule;
 - ``bubble``: the bubble fraction, measured, predicted and replayed with free hand-offs, and the
   Gantt chart;
 - ``timing``: step timing, and one intra-op thread per stage; ``norms``: BatchNorm to GroupNorm.

@@ -159,7 +159,7 @@ class PipelinedModel(nn.Module):
 
     @property
     def uses_streams(self) -> bool:
-        """True on GPUs (CUDA streams, one host thread); False on the CPU (one thread per stage)."""
+        """True on GPUs (CUDA streams, one host thread); False on the CPU (one thread per device)."""
         return all(d.physical.type == "cuda" for d in self.devices)
 
     @property

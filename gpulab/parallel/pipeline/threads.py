@@ -1,4 +1,4 @@
-"""The CPU schedule of :class:`gpulab.parallel.PipelinedModel`: one thread per stage, a queue between neighbours.
+"""The CPU schedule of :class:`gpulab.parallel.PipelinedModel`: one thread per device, a queue into each.
 
 GPipe (Huang et al. 2019, arXiv 1811.06965) runs every micro-batch's forward through the stages,
 then every micro-batch's backward in reverse. On logical devices that share the CPU each device is
