@@ -25,8 +25,9 @@ How the stages overlap depends on the devices:
 four stages on devices 0, 1, 0, 1) gives each device two smaller stages. Fill and drain then take
 one small stage instead of half the model, so the bubble shrinks at the same micro-batch count
 (Megatron-LM's interleaved schedule, Narayanan et al. 2021, arXiv 2104.04473), for one more
-hand-off per micro-batch and device. On the CPU path a device thread runs the work deepest in the
-pass first. On GPUs each stage keeps its own stream, so two stages of one GPU may run at once.
+hand-off per micro-batch and device. On the CPU path a device thread runs its ready work from the
+earliest stage first (breadth-first, PyTorch's ``ScheduleLoopedBFS``). On GPUs each stage keeps its
+own stream, so two stages of one GPU may run at once.
 
 Warning:
     Model each logical device as **one core**: run the compared variants inside

@@ -15,7 +15,8 @@ Where to cut (:func:`split_model`, ``balance=``; the costs and the cuts are in
   *time* balance: the last stage has most of the weights and little of the compute.
 - ``"time"`` (needs ``sample=``, one micro-batch): measured training-step times, with the forward
   and the backward pass balanced each (GPipe runs them one after the other, each at the pace of
-  its slowest stage); ``"forward_time"`` measures the forward pass only, for inference.
+  its slowest stage); for interleaved stages (a device listed twice), the cut whose simulated
+  step is shortest; ``"forward_time"`` measures the forward pass only, for inference.
 - ``"flops"`` (needs ``sample=``): equal counted floating-point operations; like ``"forward_time"``
   but deterministic (it ignores memory-bound layers such as pooling and BatchNorm).
 
@@ -163,7 +164,8 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
         raise ValueError(f"cannot split {n} layers into {s} stages: every stage needs at least one layer. "
                          f"Use at most {n} devices, or a model with more layers")
     if boundaries is None:
-        boundaries = choose_boundaries(layers, s, balance, sample)
+        lanes = [devices.index(d) for d in devices]  # the same number for stages on one device
+        boundaries = choose_boundaries(layers, s, balance, sample, lanes)
     else:
         boundaries = list(boundaries)
         if len(boundaries) != s - 1 or any(isinstance(b, bool) or not isinstance(b, int) for b in boundaries):

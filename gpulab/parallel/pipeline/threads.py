@@ -14,9 +14,12 @@ same time on two cores. One :class:`Sweep` is one such pass:
 GPU Clusters Using Megatron-LM", arXiv 2104.04473): a split whose devices repeat, e.g. four
 stages on devices 0, 1, 0, 1, gives each device two smaller stages. Filling and draining the pipe
 then takes one small stage, not half the model, so the bubble shrinks. A device thread with
-several pieces of work ready runs the one deepest in the pass first (then the lowest
-micro-batch), so the first micro-batches reach the end, and the other device, early. With one
-stage per device that order is plain first-in, first-out.
+several pieces of work ready runs the one from the earliest stage of the pass first (then the
+lowest micro-batch): breadth-first (Lamy-Poirier 2022, arXiv 2211.05953; PyTorch's
+``ScheduleLoopedBFS``), which keeps the other device fed. With equal stages it reaches the
+interleaved bubble formula at every M (:mod:`~gpulab.parallel.pipeline.schedule` simulates it);
+running the deepest work first does not, at odd M. With one stage per device the order is plain
+first-in, first-out.
 
 The forward work keeps each stage's graph, cut at every stage boundary: the next stage receives a
 detached leaf. The backward work back-propagates one stage's graph and hands the leaf's ``.grad``
@@ -179,8 +182,8 @@ class StageThreads:
         return sweep.results
 
     def _stage_thread(self, sweep: Sweep, lane: int) -> None:
-        """The body of one device's thread: take work from its queue, the deepest in the pass
-        first, run it, hand the result to the device of the next stage."""
+        """The body of one device's thread: take work from its queue, the earliest stage of the
+        pass first, run it, hand the result to the device of the next stage."""
         positions = [p for p, s in enumerate(sweep.order) if self.lanes[s] == lane]
         todo = len(positions) * len(sweep.items)
         ready: list[tuple[int, int, Any]] = []
@@ -197,7 +200,7 @@ class StageThreads:
                             break
                     if sweep.failed.is_set() or any(work is _STOP for work in ready):
                         return
-                    ready.sort(key=lambda work: (work[0], -work[1]))  # deepest, then oldest, last
+                    ready.sort(key=lambda work: (-work[0], -work[1]))  # earliest stage, then micro-batch, last
                     p, j, item = ready.pop()
                     result = self._timed(sweep, sweep.order[p], j, item)
                     if p + 1 < len(sweep.order):
