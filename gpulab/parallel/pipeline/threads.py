@@ -92,8 +92,8 @@ class StageThreads:
         self.devices = list(devices)
         self.overlap = overlap
         # lanes[s]: the thread (device) that runs stage s, counting devices in order of first use
-        self.lanes = [self.devices.index(d) for d in self.devices]
-        self.lanes = [sorted(set(self.lanes)).index(lane) for lane in self.lanes]
+        distinct = list(dict.fromkeys(self.devices))
+        self.lanes = [distinct.index(d) for d in self.devices]
         self.timeline: list[StageEvent] = []
         self.t0 = time.perf_counter()
         # saved[s][j] = (stage s's input leaf or None, stage s's output) for micro-batch j: the
@@ -166,7 +166,7 @@ class StageThreads:
         """GPipe's fill and drain: one thread per device, a queue into each, so stage s works on
         micro-batch j while stage s + 1 works on j - 1."""
         # unbounded queues: a put never blocks, so a fast stage runs ahead of a slow one
-        lanes = sorted(set(self.lanes))
+        lanes = range(max(self.lanes) + 1)
         sweep.inboxes = [queue.SimpleQueue() for _ in lanes]
         sweep.results = [None] * len(sweep.items)
         for j, item in enumerate(sweep.items):
