@@ -205,6 +205,20 @@ def test_start_page_lists_the_labs(lab: Lab, page) -> None:
     _shot(page, "1-start-page")
 
 
+def _close_menu(page, open_menu) -> None:
+    """Escape closes an open menu, once the menu has the keyboard focus. It takes the focus a moment
+    after it appears: an Escape pressed before then goes to the notebook, and the menu stays open
+    (seen once in CI: the File menu still open 60 s later). Press it again until the menu is gone."""
+    for _ in range(10):
+        page.keyboard.press("Escape")
+        try:
+            open_menu.wait_for(state="detached", timeout=2000)
+            return
+        except sync_api.TimeoutError:
+            continue
+    open_menu.wait_for(state="detached")  # fails with Playwright's call log
+
+
 def test_no_instructor_panel_is_visible(lab: Lab, page) -> None:
     _open_notebook(page, lab, "00_setup/00_setup.ipynb")
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.wait_for()
@@ -217,8 +231,7 @@ def test_no_instructor_panel_is_visible(lab: Lab, page) -> None:
         open_menu.wait_for()
         text = open_menu.inner_text()
         assert not [t for t in INSTRUCTOR_TEXTS if t in text], f"menu {label!r} shows an instructor's tool:\n{text}"
-        page.keyboard.press("Escape")
-        open_menu.wait_for(state="detached")
+        _close_menu(page, open_menu)
     body = page.locator("body").inner_text()
     assert not [t for t in INSTRUCTOR_TEXTS if t in body], "an instructor's panel is on the page"
     for side in page.locator(".lm-TabBar-tab[title]").all():
