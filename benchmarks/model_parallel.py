@@ -160,7 +160,7 @@ def main() -> None:
     result = {
         "fastest": {"schedule": fastest_name, "split_size": fastest["best_split_size"],
                     "step_ms": fastest["step_ms"], "overlap_speedup": fastest["overlap_speedup"],
-                    "overlap_vs_ceiling": fastest["overlap_vs_ceiling"],
+                    "overlap_vs_ceiling": fastest.get("overlap_vs_ceiling"),  # None on GPUs
                     "speedup_over_naive": round(timings.median("naive") / (fastest["step_ms"] / 1e3), 3),
                     "speedup_over_gpipe": round(gpipe["step_ms"] / fastest["step_ms"], 3)},
         "target_vs_ceiling": TARGET_VS_CEILING,
@@ -179,7 +179,7 @@ def main() -> None:
         "target_overlap": TARGET_OVERLAP,
         "two_thread_ceiling": None if on_gpu else round(ceiling, 3),
         "stage_pair_ceiling": None if on_gpu else round(timings.speedup("stage_pair_seq", "stage_pair_par"), 3),
-        "overlap_vs_ceiling": gpipe["overlap_vs_ceiling"],
+        "overlap_vs_ceiling": gpipe.get("overlap_vs_ceiling"),
         "schedules": figures,
         "median_ms": {n: round(timings.median(n) * 1e3, 2) for n in variants},
         "cores": {n: round(timings.cores(n), 2) for n in variants},
