@@ -86,7 +86,7 @@ from gpulab.models import resnet
 from gpulab.parallel import PipelinedModel, bubble_fraction, intra_op_threads, measured_bubble, split_model
 from gpulab.parallel.pipeline import handoff_delays, replay
 from gpulab.parallel.pipeline.balance import balanced_boundaries, phase_times
-from gpulab.parallel.pipeline.split import model_layers
+from gpulab.parallel.pipeline.split import device_lanes, model_layers
 from gpulab.parallel.pipeline.timing import time_interleaved, train_step
 
 TARGET_OVERLAP = 1.5
@@ -204,7 +204,7 @@ def main() -> None:
 def _schedule_figures(name, prefix, model, sizes, batch_size, timings, pipes, seqs, ceiling) -> dict:
     """One schedule's figures: overlap per split size (its own sequential run -> pipelined), against
     the two-thread ceiling and against the schedule's own bound there, and where the time goes."""
-    chunks = len(model.devices) // len(dict.fromkeys(model.devices))  # stages per device
+    chunks = len(model.devices) // (max(device_lanes(model.devices)) + 1)  # stages per device
     best = min(sizes, key=lambda k: timings.median(f"{prefix}pipe{k}"))
     overlap = {k: round(timings.speedup(f"{prefix}seq{k}", f"{prefix}pipe{k}"), 3) for k in sizes}
     micro = {k: pipes[name, k].num_micro_batches(batch_size) for k in sizes}

@@ -58,7 +58,7 @@ from gpulab.devices import LogicalDevice, placement
 from gpulab.devices import registry as _placement
 from gpulab.parallel import comm
 from gpulab.parallel.pipeline.bubble import StageEvent
-from gpulab.parallel.pipeline.split import SplitModel
+from gpulab.parallel.pipeline.split import SplitModel, device_lanes
 from gpulab.parallel.pipeline.streams import forward_streams
 from gpulab.parallel.pipeline.threads import StageThreads
 
@@ -174,7 +174,7 @@ class PipelinedModel(nn.Module):
             where = (f"{stages} stages sharing {physical[0]}: simulated devices, the streams share one GPU" if shared
                      else f"{stages} stages on {len(physical)} GPUs: real devices")
             return f"CUDA streams, {how}: {where}"
-        threads = len(dict.fromkeys(self.devices))
+        threads = max(device_lanes(self.devices)) + 1
         each = ("one thread each" if threads == stages else
                 f"interleaved on {threads} devices, one thread per device")
         return (f"CPU threads, {how}: {stages} stages, {each}, sharing the CPU "

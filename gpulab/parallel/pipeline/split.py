@@ -42,7 +42,14 @@ from gpulab.parallel import comm
 from gpulab.parallel.pipeline.balance import Balance, balanced_boundaries, choose_boundaries, layer_costs
 
 # layer_costs and balanced_boundaries lived here before balance.py: kept importable from here
-__all__ = ["SplitModel", "split_model", "model_layers", "layer_costs", "balanced_boundaries"]
+__all__ = ["SplitModel", "split_model", "model_layers", "device_lanes", "layer_costs", "balanced_boundaries"]
+
+
+def device_lanes(devices: Sequence[LogicalDevice]) -> list[int]:
+    """Each stage's device as a number, counting distinct devices in order of first use: the thread
+    that runs the stage on the CPU. ``[0, 1]`` for two devices, ``[0, 1, 0, 1]`` for ``devices * 2``."""
+    distinct = list(dict.fromkeys(devices))
+    return [distinct.index(d) for d in devices]
 
 
 class SplitModel(nn.Module):
@@ -164,8 +171,7 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
         raise ValueError(f"cannot split {n} layers into {s} stages: every stage needs at least one layer. "
                          f"Use at most {n} devices, or a model with more layers")
     if boundaries is None:
-        lanes = [devices.index(d) for d in devices]  # the same number for stages on one device
-        boundaries = choose_boundaries(layers, s, balance, sample, lanes)
+        boundaries = choose_boundaries(layers, s, balance, sample, device_lanes(devices))
     else:
         boundaries = list(boundaries)
         if len(boundaries) != s - 1 or any(isinstance(b, bool) or not isinstance(b, int) for b in boundaries):

@@ -43,6 +43,7 @@ from torch import nn
 from gpulab.devices import LogicalDevice
 from gpulab.parallel import comm
 from gpulab.parallel.pipeline.bubble import StageEvent
+from gpulab.parallel.pipeline.split import device_lanes
 
 __all__ = ["StageThreads", "Sweep"]
 
@@ -91,9 +92,7 @@ class StageThreads:
         self.stages = list(stages)
         self.devices = list(devices)
         self.overlap = overlap
-        # lanes[s]: the thread (device) that runs stage s, counting devices in order of first use
-        distinct = list(dict.fromkeys(self.devices))
-        self.lanes = [distinct.index(d) for d in self.devices]
+        self.lanes = device_lanes(self.devices)  # lanes[s]: the thread (device) that runs stage s
         self.timeline: list[StageEvent] = []
         self.t0 = time.perf_counter()
         # saved[s][j] = (stage s's input leaf or None, stage s's output) for micro-batch j: the

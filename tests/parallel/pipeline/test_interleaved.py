@@ -19,6 +19,7 @@ from gpulab.devices.validate import check_devices
 from gpulab.parallel import PipelinedModel, bubble_fraction, measured_bubble, split_model
 from gpulab.parallel.pipeline import replay
 from gpulab.parallel.pipeline.bubble import plot_timeline
+from gpulab.parallel.pipeline.split import device_lanes
 
 from .models import _images, _model
 
@@ -131,6 +132,7 @@ def test_only_a_split_lets_a_device_come_back(devices):
     with pytest.raises(ValueError, match="twice"):
         check_devices(devices * 2)
     assert check_devices(devices * 2, repeats=True) == devices * 2
+    assert device_lanes(devices * 2) == [0, 1, 0, 1] and device_lanes(devices[::-1] + devices[1:]) == [0, 1, 0]
     split = split_model(_model("group"), devices * 2, boundaries=[2, 5, 7])
     assert [line.rsplit(" on ", 1)[1].split()[0] for line in split.describe().splitlines()] == [
         "logical:0", "logical:1", "logical:0", "logical:1"]
