@@ -31,6 +31,8 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
+from gpulab.parallel.pipeline.schedule import step_span
+
 __all__ = ["Balance", "layer_costs", "phase_times", "balanced_boundaries", "pipeline_boundaries",
            "interleaved_boundaries", "choose_boundaries"]
 
@@ -233,8 +235,6 @@ def interleaved_boundaries(forward: Sequence[float], backward: Sequence[float], 
     Raises:
         ValueError: lists of different lengths, or more stages than layers.
     """
-    from gpulab.parallel.pipeline.schedule import step_span  # schedule.py imports nothing from here
-
     n, num_stages = len(forward), len(lanes)
     if len(backward) != n:
         raise ValueError(f"one forward and one backward cost per layer: got {n} and {len(backward)}")

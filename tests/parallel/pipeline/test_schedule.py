@@ -5,6 +5,8 @@ cut it chooses against the per-stage rule on a ResNet's measured costs.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch import nn
@@ -86,7 +88,6 @@ def test_the_interleaved_cut_beats_the_per_stage_rule_on_a_resnet():
     assert cut != per_stage
     assert _simulated(cut, lanes, 4) < 0.97 * _simulated(per_stage, lanes, 4)
     # and it is the best of every cut, on the measure it minimises
-    import itertools
     score = {c: sum(_simulated(c, lanes, m) / m for m in balance.INTERLEAVED_MICRO_BATCHES)
              for c in itertools.combinations(range(1, 10), 3)}
     assert score[tuple(cut)] == pytest.approx(min(score.values()))
