@@ -2,8 +2,10 @@
 
 - ``split``: :func:`split_model` cuts a model into stages on logical devices (``SplitModel``);
 - ``balance``: what each layer costs, and where to cut (per pass, for GPipe; by simulation, for
-  interleaved stages); ``schedule``: the CPU schedule's length simulated from stage costs;
-- ``gpipe``: :class:`PipelinedModel`, GPipe's fill and drain over micro-batches, and
+  interleaved stages and the fused step); ``schedule``: the CPU schedule's length simulated from
+  stage costs;
+- ``gpipe``: :class:`PipelinedModel`, GPipe's fill and drain over micro-batches (and
+  ``forward_backward``: a training step in one sweep), and
   :func:`gpipe_train_step` (one training step, lab 07's exercise); ``threads`` is its CPU
   schedule (a thread per device; a device may hold interleaved stages), ``streams`` its
   CUDA-stream schedule;

@@ -31,7 +31,7 @@ from typing import Literal, Sequence
 import torch
 from torch import nn
 
-from gpulab.parallel.pipeline.schedule import step_span
+from gpulab.parallel.pipeline.schedule import fused_step_span, step_span
 
 __all__ = ["Balance", "layer_costs", "phase_times", "balanced_boundaries", "pipeline_boundaries",
            "interleaved_boundaries", "choose_boundaries"]
@@ -221,7 +221,8 @@ def pipeline_boundaries(forward: Sequence[float], backward: Sequence[float], num
 
 
 def interleaved_boundaries(forward: Sequence[float], backward: Sequence[float], lanes: Sequence[int],
-                           micro_batches: Sequence[int] = INTERLEAVED_MICRO_BATCHES) -> list[int]:
+                           micro_batches: Sequence[int] = INTERLEAVED_MICRO_BATCHES, *,
+                           fused: bool = False) -> list[int]:
     """The cut for stages that share devices (interleaved: stage s on device ``lanes[s]``, a device
     listed more than once): the cut whose training step, as the CPU schedule runs it
     (:func:`~gpulab.parallel.pipeline.schedule.step_span`, free hand-offs), is shortest, summed
@@ -232,6 +233,11 @@ def interleaved_boundaries(forward: Sequence[float], backward: Sequence[float], 
     the fill and drain; no per-stage rule weighs both. Every contiguous cut is simulated (84 for
     10 layers in 4 stages); past ``MAX_SIMULATED_CUTS`` the per-stage rule is used instead.
 
+    With ``fused``, the step is simulated as one sweep
+    (:func:`~gpulab.parallel.pipeline.schedule.fused_step_span`, ``PipelinedModel.forward_backward``
+    on the CPU), which any lanes suit, a device per stage included; past ``MAX_SIMULATED_CUTS``,
+    forward + backward per stage are balanced instead.
+
     Raises:
         ValueError: lists of different lengths, or more stages than layers.
     """
@@ -241,14 +247,17 @@ def interleaved_boundaries(forward: Sequence[float], backward: Sequence[float], 
     if not 1 <= num_stages <= n:
         raise ValueError(f"cannot cut {n} layers into {num_stages} stages: each stage needs at least one layer")
     if math.comb(n - 1, num_stages - 1) > MAX_SIMULATED_CUTS:
+        if fused:
+            return balanced_boundaries([f + b for f, b in zip(forward, backward)], num_stages)
         return pipeline_boundaries(forward, backward, num_stages)
+    span = fused_step_span if fused else step_span
     prefix_f, prefix_b = list(itertools.accumulate(forward, initial=0.0)), list(itertools.accumulate(backward, initial=0.0))
 
     def cost(cut: tuple[int, ...]) -> float:
         edges = list(zip((0, *cut), (*cut, n)))
         f = [prefix_f[b] - prefix_f[a] for a, b in edges]
         b = [prefix_b[e] - prefix_b[a] for a, e in edges]
-        return sum(step_span(f, b, lanes, m) / m for m in micro_batches)
+        return sum(span(f, b, lanes, m) / m for m in micro_batches)
 
     return list(min(itertools.combinations(range(1, n), num_stages - 1), key=cost))
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["StageEvent", "bubble_fraction", "measured_bubble", "replay", "handoff_delays", "plot_timeline"]
+__all__ = ["StageEvent", "bubble_fraction", "fused", "measured_bubble", "replay", "handoff_delays", "plot_timeline"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,15 @@ def bubble_fraction(num_stages: int, num_micro_batches: int, chunks_per_device: 
     return (num_stages - 1) / (chunks_per_device * num_micro_batches + num_stages - 1)
 
 
+def fused(timeline: Sequence[StageEvent]) -> bool:
+    """Whether the timeline is one sweep for the whole step (``PipelinedModel.forward_backward`` on
+    the CPU): a backward began before the last forward ended. GPipe's backward pass starts only
+    once every forward, and the loss, are done."""
+    forward = [e.end for e in timeline if e.phase == "forward"]
+    backward = [e.start for e in timeline if e.phase == "backward"]
+    return bool(forward and backward) and min(backward) < max(forward)
+
+
 def measured_bubble(timeline: Sequence[StageEvent], phase: str | None = None) -> float:
     """The idle share of the workers over the span of ``timeline`` (1 - busy / (W x span)).
 
@@ -97,18 +106,17 @@ def measured_bubble(timeline: Sequence[StageEvent], phase: str | None = None) ->
     Args:
         timeline: events from one run (``PipelinedModel.timeline``).
         phase: only ``"forward"`` or ``"backward"`` events; None takes each phase's span
-            separately and adds them (the loss, computed between them, is nobody's bubble).
+            separately and adds them (the loss, computed between them, is nobody's bubble), or the
+            whole span where the phases overlap (:func:`fused`).
 
     Raises:
         ValueError: for an empty timeline or phase.
     """
-    phases = [phase] if phase else sorted({e.phase for e in timeline})
     busy = span = 0.0
     workers = {e.worker for e in timeline}
-    for ph in phases:
-        events = [e for e in timeline if e.phase == ph]
+    for name, events in _groups(timeline, phase):
         if not events:
-            raise ValueError(f"the timeline has no {ph!r} events")
+            raise ValueError(f"the timeline has no {name!r} events")
         span += max(e.end for e in events) - min(e.start for e in events)
         busy += sum(e.duration for e in events)
     if not workers or span <= 0:
@@ -116,25 +124,39 @@ def measured_bubble(timeline: Sequence[StageEvent], phase: str | None = None) ->
     return max(0.0, 1.0 - busy / (len(workers) * span))
 
 
-def _phase_order(events: Sequence[StageEvent], phase: str) -> list[int]:
-    """The stages in the order a micro-batch visits them: 0, 1, ... forward; reversed backward."""
+def _groups(timeline: Sequence[StageEvent], phase: str | None = None) -> list[tuple[str, list[StageEvent]]]:
+    """The parts of the timeline that each fill and drain: each phase of a GPipe step (or only
+    ``phase``), or the whole of a fused step."""
+    if phase:
+        return [(phase, [e for e in timeline if e.phase == phase])]
+    if fused(timeline):
+        return [("step", list(timeline))]
+    return [(ph, [e for e in timeline if e.phase == ph]) for ph in sorted({e.phase for e in timeline})]
+
+
+def _chain(events: Sequence[StageEvent]) -> list[tuple[str, int]]:
+    """The (phase, stage) positions in the order a micro-batch visits them: 0, 1, ... forward,
+    then the stages reversed backward."""
     stages = sorted({e.stage for e in events})
-    return stages[::-1] if phase == "backward" else stages
+    phases = {e.phase for e in events}
+    return ([("forward", s) for s in stages if "forward" in phases]
+            + [("backward", s) for s in reversed(stages) if "backward" in phases])
 
 
 def _dependencies(timeline: Sequence[StageEvent]):
-    """Each event with the event that produced its input (None on a pass's first stage) and the
-    event its worker ran just before it (None for its first). Yielded so that every event comes
-    after both: in order of start time, which is the order the work really ran in."""
-    for phase in sorted({e.phase for e in timeline}):
-        events = sorted((e for e in timeline if e.phase == phase), key=lambda ev: (ev.start, ev.end))
-        order = _phase_order(events, phase)
-        position = {stage: p for p, stage in enumerate(order)}
-        at = {(e.stage, e.micro_batch): e for e in events}
+    """Each event with the event that produced its input (None on the first position of a pass,
+    or of a fused step) and the event its worker ran just before it (None for its first). Yielded
+    so that every event comes after both: in order of start time, which is the order the work
+    really ran in."""
+    for _, group in _groups(timeline):
+        events = sorted(group, key=lambda ev: (ev.start, ev.end))
+        chain = _chain(events)
+        position = {key: p for p, key in enumerate(chain)}
+        at = {(e.phase, e.stage, e.micro_batch): e for e in events}
         before: dict[int, StageEvent] = {}
         for e in events:
-            p = position[e.stage]
-            yield e, (at.get((order[p - 1], e.micro_batch)) if p else None), before.get(e.worker)
+            p = position[e.phase, e.stage]
+            yield e, (at.get((*chain[p - 1], e.micro_batch)) if p else None), before.get(e.worker)
             before[e.worker] = e
 
 
@@ -144,7 +166,7 @@ def replay(timeline: Sequence[StageEvent]) -> list[StageEvent]:
 
     The bubble of the result (:func:`measured_bubble`) is what the stages' durations alone cause:
     above the formula by the imbalance between stages (per pass), below the measured one by what
-    the hand-offs cost. Each phase starts at its measured start.
+    the hand-offs cost. Each phase starts at its measured start (a fused step, at its own).
 
     Raises:
         ValueError: for an empty timeline.
@@ -152,7 +174,7 @@ def replay(timeline: Sequence[StageEvent]) -> list[StageEvent]:
     if not timeline:
         raise ValueError("the timeline is empty: run the pipelined model first")
     done: dict[tuple[str, int, int], StageEvent] = {}
-    origin = {ph: min(e.start for e in timeline if e.phase == ph) for ph in {e.phase for e in timeline}}
+    origin = {e.phase: min(x.start for x in group) for _, group in _groups(timeline) for e in group}
     for e, producer, before in _dependencies(timeline):
         ready = max([origin[e.phase]] + [done[(x.phase, x.stage, x.micro_batch)].end
                                          for x in (producer, before) if x is not None])  # both done: see _dependencies

@@ -21,6 +21,12 @@ How the stages overlap depends on the devices:
   thread back-propagates its stages' part of each micro-batch's graph and hands the input
   gradient to the stage before.
 
+**One sweep for the whole step** (:meth:`PipelinedModel.forward_backward`, CPU threads): the loss is
+computed per micro-batch on the last stage, so backward starts while later micro-batches still go
+forward, the step fills and drains once, and each device's forward and backward work share its
+time. With equal stages the bubble is GPipe's; it wins where a cut cannot balance each pass on its
+own (a ResNet's late blocks cost 2-3x more backward than forward, its stem less).
+
 **Interleaved stages**: a split whose devices repeat (``split_model(model, devices * 2, ...)``:
 four stages on devices 0, 1, 0, 1) gives each device two smaller stages. Fill and drain then take
 one small stage instead of half the model, so the bubble shrinks at the same micro-batch count
@@ -184,15 +190,62 @@ class PipelinedModel(nn.Module):
         """How many micro-batches a batch of ``batch_size`` rows makes (the last may be smaller)."""
         return math.ceil(batch_size / self.split_size)
 
+    def forward_backward(self, x: torch.Tensor, targets: torch.Tensor,
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
+                         ) -> float:
+        """A training step's forward, loss and backward, without the optimizer: the gradients of
+        ``loss_fn(self(x), targets)`` accumulate into the parameters' ``.grad`` (and into
+        ``x.grad`` where ``x`` requires one), and the loss is returned as a float.
+
+        ``loss_fn`` must be a mean over the rows (as ``cross_entropy`` is): each micro-batch's
+        loss is weighted by its share of the rows. On the CPU the loss is computed per micro-batch
+        on the last stage, so the backward of the first micro-batches starts while the last ones
+        still go forward: the step fills and drains once, and each device's forward and backward
+        work share its time (:meth:`StageThreads.forward_backward
+        <gpulab.parallel.pipeline.threads.StageThreads.forward_backward>`). With ``overlap=False``
+        the same work runs one micro-batch after the other (gradient accumulation). On GPUs it is
+        ``loss_fn(self(x), targets).backward()``: GPipe's two passes on streams.
+
+        Raises:
+            ValueError: as :meth:`forward`, ``targets`` without one row per row of ``x``, or an ``x``
+                that requires grad but is not a leaf (its graph goes on before the pipeline:
+                call ``loss_fn(pipe(x), targets).backward()`` instead).
+        """
+        self._check_batch(x)
+        if x.requires_grad and not x.is_leaf:
+            raise ValueError("forward_backward ends the backward at x, but x comes out of other ops that need its "
+                             "gradient: call loss_fn(pipe(x), targets).backward() instead")
+        if not isinstance(targets, torch.Tensor) or targets.dim() == 0 or targets.size(0) != x.size(0):
+            raise ValueError(f"targets need one row per input row: x has {x.size(0)} rows, targets are "
+                             f"{tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__}")
+        if self.uses_streams:
+            out = self(x)
+            loss = loss_fn(out, comm.to(targets, self.devices[-1]))
+            loss.backward()
+            return loss.item()
+        run = StageThreads(self.split.stages, self.devices, self.overlap)
+        self.timeline = run.timeline
+        losses, grads = run.forward_backward(list(x.split(self.split_size)), list(targets.split(self.split_size)),
+                                             loss_fn, input_grad=x.requires_grad)
+        if x.requires_grad and all(g is not None for g in grads):
+            with self.devices[0]:
+                grad_x = comm.to(torch.cat(grads), placement(x))  # (B, ...) on x's device
+            x.grad = grad_x if x.grad is None else x.grad + grad_x
+        return float(sum(loss.item() for loss in losses))
+
+    @staticmethod
+    def _check_batch(x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.size(0) == 0:
+            raise ValueError(f"PipelinedModel needs a batch with at least one row along dim 0, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The split model's output for ``x`` (B rows), computed in micro-batches of ``split_size`` rows.
 
         Raises:
             ValueError: if ``x`` is not a tensor with at least one row along dim 0.
         """
-        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.size(0) == 0:
-            raise ValueError(f"PipelinedModel needs a batch with at least one row along dim 0, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        self._check_batch(x)
         if self.uses_streams:
             micro = list(x.split(self.split_size))  # M views of (split_size, ...), the last maybe smaller
             outs, self.timeline = forward_streams(list(self.split.stages), self.devices, micro, self.overlap)

@@ -6,7 +6,9 @@ stages the length of a pass has a formula (``(M + S - 1)`` stage times for GPipe
 stages, see :func:`~gpulab.parallel.pipeline.bubble.bubble_fraction`). With unequal stages, and
 interleaved ones especially, it has none: :func:`pass_span` replays the same rule on given stage
 costs, with free hand-offs and a free device for every thread, and returns when the pass ends.
-:func:`step_span` adds the forward and the backward pass of a GPipe training step.
+:func:`step_span` adds the forward and the backward pass of a GPipe training step;
+:func:`fused_step_span` is the step as one sweep (``StageThreads.forward_backward``: each
+micro-batch's backward starts as soon as its loss exists).
 :func:`gpulab.parallel.pipeline.balance.interleaved_boundaries` uses it to choose a cut.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["pass_span", "step_span"]
+__all__ = ["pass_span", "step_span", "fused_step_span"]
 
 
 def pass_span(costs: Sequence[float], lanes: Sequence[int], micro_batches: int) -> float:
@@ -68,3 +70,15 @@ def step_span(forward: Sequence[float], backward: Sequence[float], lanes: Sequen
         raise ValueError(f"one forward and one backward cost per stage: got {len(forward)} and {len(backward)}")
     return (pass_span(forward, lanes, micro_batches)
             + pass_span(list(backward)[::-1], list(lanes)[::-1], micro_batches))
+
+
+def fused_step_span(forward: Sequence[float], backward: Sequence[float], lanes: Sequence[int],
+                    micro_batches: int) -> float:
+    """A training step as one sweep of 2S positions (forward through the stages, then backward
+    through them in reverse), as :meth:`StageThreads.forward_backward
+    <gpulab.parallel.pipeline.threads.StageThreads.forward_backward>` runs it: a device's forward
+    and backward work share its time, so only their sum per device needs to be balanced. With
+    equal stages it is as long as :func:`step_span` (the same bubble formula)."""
+    if len(forward) != len(backward):
+        raise ValueError(f"one forward and one backward cost per stage: got {len(forward)} and {len(backward)}")
+    return pass_span(list(forward) + list(backward)[::-1], list(lanes) + list(lanes)[::-1], micro_batches)

@@ -21,6 +21,16 @@ interleaved bubble formula at every M (:mod:`~gpulab.parallel.pipeline.schedule`
 running the deepest work first does not, at odd M. With one stage per device the order is plain
 first-in, first-out.
 
+**One pass for the whole step** (:meth:`StageThreads.forward_backward`): the loss is computed per
+micro-batch on the last stage, so micro-batch j's backward can start while later micro-batches
+are still going forward. The step is then one sweep of 2S positions (forward through the stages,
+backward through them in reverse), a device runs its earliest ready position first, so its
+forward work comes before its backward work, and only the step fills and drains once, not each
+pass. Each device's forward and backward work then share its time: only their sum needs to be
+balanced, not each pass apart (Megatron-LM's interleaved schedule also runs forward and backward
+in one pass, as 1F1B does, for memory; here the order is forward-first, which keeps every
+activation until its backward, as GPipe does).
+
 The forward work keeps each stage's graph, cut at every stage boundary: the next stage receives a
 detached leaf. The backward work back-propagates one stage's graph and hands the leaf's ``.grad``
 (the gradient of the stage's input) to the stage before. With ``overlap=False`` the same work
@@ -59,16 +69,20 @@ def _noted(err: BaseException, stage: int, device: LogicalDevice, micro_batch: i
     return err
 
 
+Work = Callable[[int, int, Any], Any]  # (stage, micro-batch j, input) -> what the next position gets
+
+
 @dataclass
 class Sweep:
-    """One pass of every micro-batch through the stages, in ``order``: the forward pass goes
+    """One pass of every micro-batch through a sequence of positions. Position p is stage
+    ``order[p]`` doing ``works[p]`` (its ``phases[p]``): the forward pass goes through stages
     0, 1, ..., S-1 and hands activations on; the backward pass goes S-1, ..., 0 and hands input
-    gradients back. ``work(stage, j, item)`` is what one stage does to micro-batch j; it returns
-    what the next stage of ``order`` receives."""
+    gradients back; a whole training step is both, 2S positions. ``works[p](stage, j, item)`` is
+    what that position does to micro-batch j; it returns what position p + 1 receives."""
 
-    phase: str  # "forward" or "backward", for the timeline and error notes
     order: list[int]
-    work: Callable[[int, int, Any], Any]
+    phases: list[str]  # "forward" or "backward", per position, for the timeline and error notes
+    works: list[Work]
     grad_enabled: bool  # autograd records the work (the forward pass of a training step)
     items: list[Any]
     # with overlap: inboxes[lane] feeds that device's thread (position in ``order``, micro-batch,
@@ -83,7 +97,8 @@ class StageThreads:
     """One pipelined call on the CPU: the GPipe schedule, each stage's saved graphs, the timeline.
 
     ``forward`` sends every micro-batch through every stage; ``backward`` (called by autograd)
-    sends every micro-batch's output gradient back through the stages in reverse. With overlap,
+    sends every micro-batch's output gradient back through the stages in reverse;
+    ``forward_backward`` does a training step's both passes in one sweep. With overlap,
     each device is one thread (running every stage placed on it) and they talk through queues;
     without, one thread runs the same work one micro-batch after the other.
     """
@@ -99,18 +114,57 @@ class StageThreads:
         # graph each stage back-propagates through; None once backward used it
         self.saved: list[list[Any]] = []
         self.keep_graphs = False
+        self.losses: list[torch.Tensor | None] = []  # forward_backward: each micro-batch's weighted loss
 
     # -- the two passes ----------------------------------------------------------------------
 
     def forward(self, micro: list[torch.Tensor], grad: bool, input_grad: bool) -> list[torch.Tensor]:
         """Run every micro-batch through every stage; with ``grad``, keep each stage's graph."""
-        num_stages = len(self.stages)
-        self.keep_graphs = grad
-        self.saved = [[None] * len(micro) for _ in range(num_stages)]
-        # stage 0's inputs are leaves too; they collect the gradient of the pipeline's input
-        first = [m.detach().requires_grad_(grad and input_grad) for m in micro]
-        sweep = Sweep("forward", list(range(num_stages)), self._forward_stage, grad, first)
+        stages = range(len(self.stages))
+        first = self._start(micro, grad, input_grad)
+        sweep = Sweep(list(stages), ["forward"] * len(stages), [self._forward_stage] * len(stages), grad, first)
         return self._run(sweep)
+
+    def forward_backward(self, micro: list[torch.Tensor], targets: list[torch.Tensor],
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                         input_grad: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """A whole training step in one sweep: micro-batch j's loss, ``loss_fn(output_j,
+        targets[j])`` weighted by its share of the rows, is computed on the last stage, and its
+        backward starts there while later micro-batches still go forward.
+
+        Returns:
+            each micro-batch's weighted loss (a detached scalar on the last stage's device; their
+            sum is the batch's loss when ``loss_fn`` is a mean over rows), and each micro-batch's
+            input gradient (None unless ``input_grad``).
+        """
+        num_stages = len(self.stages)
+        rows = sum(m.size(0) for m in micro)
+        first = self._start(micro, True, input_grad)
+        self.losses = [None] * len(micro)
+
+        def last_forward(s: int, j: int, x: torch.Tensor) -> torch.Tensor:
+            out = self.stages[s](comm.to(x, self.devices[s]))  # (rows of micro-batch j, ...)
+            loss = loss_fn(out, comm.to(targets[j], self.devices[s])) * (micro[j].size(0) / rows)
+            self.saved[s][j] = (x if x.requires_grad else None, loss)
+            self.losses[j] = loss.detach()
+            return self.losses[j]
+
+        def first_backward(s: int, j: int, _loss: torch.Tensor) -> torch.Tensor | None:
+            return self._backward_stage(s, j, None, from_loss=True)
+
+        forward = [self._forward_stage] * (num_stages - 1) + [last_forward]
+        backward = [first_backward] + [self._backward_stage] * (num_stages - 1)
+        order = list(range(num_stages)) + list(reversed(range(num_stages)))
+        sweep = Sweep(order, ["forward"] * num_stages + ["backward"] * num_stages, forward + backward, True, first)
+        grads = self._run(sweep)
+        return list(self.losses), grads
+
+    def _start(self, micro: list[torch.Tensor], grad: bool, input_grad: bool) -> list[torch.Tensor]:
+        """Make room for each stage's graphs; stage 0's inputs, as leaves (with ``input_grad``
+        they collect the gradient of the pipeline's input)."""
+        self.keep_graphs = grad
+        self.saved = [[None] * len(micro) for _ in range(len(self.stages))]
+        return [m.detach().requires_grad_(grad and input_grad) for m in micro]
 
     def backward(self, grads: list[torch.Tensor]) -> list[torch.Tensor | None]:
         """Back-propagate each micro-batch's output gradient through every stage, last stage first.
@@ -119,7 +173,7 @@ class StageThreads:
             raise RuntimeError("backward through a PipelinedModel output twice: its graph was freed after "
                                "the first backward (retain_graph is not supported); run forward again")
         order = list(reversed(range(len(self.stages))))
-        return self._run(Sweep("backward", order, self._backward_stage, False, grads))
+        return self._run(Sweep(order, ["backward"] * len(order), [self._backward_stage] * len(order), False, grads))
 
     # -- what one stage does to one micro-batch ------------------------------------------------
 
@@ -135,11 +189,12 @@ class StageThreads:
         # what the next stage gets: a new leaf, cut from this stage's graph
         return out.detach().requires_grad_(out.requires_grad)
 
-    def _backward_stage(self, s: int, j: int, grad: torch.Tensor | None) -> torch.Tensor | None:
-        """Stage ``s``'s backward of micro-batch ``j``, given the gradient of its output."""
+    def _backward_stage(self, s: int, j: int, grad: torch.Tensor | None, from_loss: bool = False) -> torch.Tensor | None:
+        """Stage ``s``'s backward of micro-batch ``j``, given the gradient of its output (or, with
+        ``from_loss``, from the loss the stage computed itself)."""
         x, out = self.saved[s][j]
         self.saved[s][j] = None  # free this micro-batch's activations as soon as they are used
-        if grad is None or not out.requires_grad:
+        if (grad is None and not from_loss) or not out.requires_grad:
             return None
         torch.autograd.backward(out, grad)  # accumulates into this stage's parameters' .grad
         return None if x is None else x.grad  # on the device of the stage before
@@ -155,9 +210,9 @@ class StageThreads:
         results = []
         with torch.set_grad_enabled(sweep.grad_enabled):
             for j, item in enumerate(sweep.items):
-                for s in sweep.order:
-                    with self.devices[s]:
-                        item = self._timed(sweep, s, j, item)
+                for p in range(len(sweep.order)):
+                    with self.devices[sweep.order[p]]:
+                        item = self._timed(sweep, p, j, item)
                 results.append(item)
         return results
 
@@ -171,7 +226,8 @@ class StageThreads:
         for j, item in enumerate(sweep.items):
             sweep.inboxes[self.lanes[sweep.order[0]]].put((0, j, item))
         threads = [threading.Thread(target=self._stage_thread, args=(sweep, lane), daemon=True,
-                                    name=f"gpulab-device{lane}-{sweep.phase}") for lane in lanes]
+                                    name=f"gpulab-device{lane}-{'-'.join(dict.fromkeys(sweep.phases))}")
+                   for lane in lanes]
         for t in threads:
             t.start()
         for t in threads:
@@ -201,7 +257,7 @@ class StageThreads:
                         return
                     ready.sort(key=lambda work: (-work[0], -work[1]))  # earliest stage, then micro-batch, last
                     p, j, item = ready.pop()
-                    result = self._timed(sweep, sweep.order[p], j, item)
+                    result = self._timed(sweep, p, j, item)
                     if p + 1 < len(sweep.order):
                         sweep.inboxes[self.lanes[sweep.order[p + 1]]].put((p + 1, j, result))
                     else:
@@ -212,12 +268,14 @@ class StageThreads:
             for inbox in sweep.inboxes:
                 inbox.put(_STOP)  # the other devices must not wait for what will not come
 
-    def _timed(self, sweep: Sweep, s: int, j: int, item: Any) -> Any:
-        """``sweep.work(s, j, item)``, recorded on the timeline; an error gets a note naming the stage."""
+    def _timed(self, sweep: Sweep, p: int, j: int, item: Any) -> Any:
+        """Position ``p``'s work on micro-batch ``j``, recorded on the timeline; an error gets a
+        note naming the stage."""
+        s, phase = sweep.order[p], sweep.phases[p]
         start = time.perf_counter() - self.t0
         try:
-            result = sweep.work(s, j, item)
+            result = sweep.works[p](s, j, item)
         except BaseException as err:
-            raise _noted(err, s, self.devices[s], j, sweep.phase) from None
-        self.timeline.append(StageEvent(s, j, sweep.phase, start, time.perf_counter() - self.t0, self.lanes[s]))
+            raise _noted(err, s, self.devices[s], j, phase) from None
+        self.timeline.append(StageEvent(s, j, phase, start, time.perf_counter() - self.t0, self.lanes[s]))
         return result
