@@ -18,7 +18,15 @@ logical device is one core). Training steps (forward, cross-entropy, backward, S
 - on the CPU, for each split size: ``iseq<k>`` and ``ipipe<k>``, the same with **interleaved
   stages** (``--interleave``, default 2: four stages on devices 0, 1, 0, 1, cut by the same
   ``--balance``): fill and drain take one small stage instead of half the model (Narayanan et al.
-  2021, arXiv 2104.04473), which GPipe's bound below does not allow.
+  2021, arXiv 2104.04473), which GPipe's bound below does not allow;
+- on the CPU, for each split size: ``fseq<k>`` and ``fpipe<k>``, the **fused** step
+  (``PipelinedModel.forward_backward``) on the same interleaved devices: each micro-batch's loss
+  is computed on the last stage and its backward starts there while later micro-batches still go
+  forward, so the step fills and drains once and a device's forward and backward work share its
+  time. Its cut is the one whose simulated fused step is shortest
+  (``interleaved_boundaries(..., fused=True)``): only forward + backward per device must balance,
+  where GPipe's two passes each need their own balance. ``fseq<k>`` is gradient accumulation:
+  each micro-batch forward, loss, backward, one after the other.
 
 They run in turns, ``--repeats`` rounds; every figure is a ratio of medians from this run.
 ``fastest`` is the fastest pipeline of all (schedule and split size): its overlap against the
@@ -41,6 +49,8 @@ single -> naive (the tutorial's 0.93).
   one after the other: what these ops get from two threads here (memory bandwidth, the GIL).
 
 ``overlap_vs_ceiling`` is the overlap measured against ``two_thread_ceiling`` (target 0.9, issue 17).
+It can pass 1 where the model's own ops get more from two threads than matmuls do
+(``stage_pair_ceiling`` above ``two_thread_ceiling``).
 No pipeline can reach it at every ``M``: GPipe fills and drains each pass, so with equal stages, free
 hand-offs and threads that together run ``c`` times one thread, the most it earns is
 ``M / (1 + (M - 1) / c)`` (``overlap_bound_with_ceiling``; with ``c = 2`` it is the textbook
@@ -85,7 +95,8 @@ from gpulab.devices import logical_devices
 from gpulab.models import resnet
 from gpulab.parallel import PipelinedModel, bubble_fraction, intra_op_threads, measured_bubble, split_model
 from gpulab.parallel.pipeline import handoff_delays, replay
-from gpulab.parallel.pipeline.balance import balanced_boundaries, phase_times
+from gpulab.parallel.pipeline.balance import balanced_boundaries, interleaved_boundaries, phase_times
+from gpulab.parallel.pipeline.bubble import fused
 from gpulab.parallel.pipeline.split import device_lanes, model_layers
 from gpulab.parallel.pipeline.timing import time_interleaved, train_step
 
@@ -135,13 +146,16 @@ def main() -> None:
         if not on_gpu and args.interleave > 1:
             schedules["interleaved"] = ("i", _split(copy.deepcopy(single), devices * args.interleave,
                                                     args.balance, x[:k_mid]))
+        if not on_gpu:  # the fused step: the CPU threads' schedule (on GPUs it is GPipe's two passes)
+            schedules["fused"] = ("f", _fused_split(copy.deepcopy(single), devices * max(1, args.interleave), x[:k_mid]))
         pipes: dict[tuple[str, int], PipelinedModel] = {}
         seqs: dict[tuple[str, int], PipelinedModel] = {}
         for name, (prefix, model) in schedules.items():
             for k in sizes:
                 seqs[name, k], pipes[name, k] = PipelinedModel(model, k, overlap=False), PipelinedModel(model, k)
-                variants[f"{prefix}seq{k}"] = _step(seqs[name, k], x, y)
-                variants[f"{prefix}pipe{k}"] = _step(pipes[name, k], x, y)
+                step = _fused_step if name == "fused" else _step
+                variants[f"{prefix}seq{k}"] = step(seqs[name, k], x, y)
+                variants[f"{prefix}pipe{k}"] = step(pipes[name, k], x, y)
         if not on_gpu:  # what two threads get here, in the same rounds
             variants.update(ceiling_seq=_matmul_pair(sequential=True), ceiling_par=_matmul_pair(sequential=False),
                             stage_pair_seq=_stage_pair(split, x, k_mid, sequential=True),
@@ -242,9 +256,19 @@ def _split(model, devices, balance, sample):
                                                                         len(devices)))
 
 
+def _fused_split(model, devices, sample):
+    """The split whose fused step (one sweep, ``forward_backward``) is shortest by simulation."""
+    layers = model_layers(model)
+    forward, backward = phase_times(layers, sample)
+    return split_model(model, devices, boundaries=interleaved_boundaries(forward, backward, device_lanes(devices),
+                                                                          fused=True))
+
+
 def _bound(micro_batches: int, ceiling: float, chunks: int = 1) -> float:
     """The best overlap on two devices of equal work: fill and drain (one stage of ``1 / chunks`` of
-    a device's share per pass) on one thread, the rest on two threads that run ``ceiling`` times one."""
+    a device's share per pass) on one thread, the rest on two threads that run ``ceiling`` times one.
+    The fused step has the same bound with equal stages (schedule.fused_step_span): it gains where
+    the stages are unequal per pass."""
     return micro_batches / (1 / chunks + (micro_batches - 1 / chunks) / ceiling)
 
 
@@ -253,12 +277,14 @@ def _breakdown(seq_timeline, pipe_timeline, chunks: int = 1) -> dict:
     def busy(tl, phase=None, worker=None):
         return sum(e.duration for e in tl if phase in (None, e.phase) and worker in (None, e.worker))
 
-    def span(tl, phase):
-        ev = [e for e in tl if e.phase == phase]
+    def span(tl, phase=None):
+        ev = [e for e in tl if phase in (None, e.phase)]
         return max(e.end for e in ev) - min(e.start for e in ev)
 
     delays = handoff_delays(pipe_timeline)
-    stage_time = sum(2 * span(pipe_timeline, ph) for ph in ("forward", "backward"))
+    # the two devices' time over the passes (over the whole step where it is one sweep)
+    stage_time = 2 * (span(pipe_timeline) if fused(pipe_timeline) else
+                      sum(span(pipe_timeline, ph) for ph in ("forward", "backward")))
     micro = len({e.micro_batch for e in pipe_timeline})
     return {
         "bubble_formula": round(bubble_fraction(2, micro, chunks), 3),
@@ -342,6 +368,19 @@ def _loadavg() -> float | None:
 def _step(model, x, y):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     return lambda: train_step(model, x, y, opt)
+
+
+def _fused_step(pipe, x, y):
+    """train_step's work, with forward, loss and backward in one call (``forward_backward``)."""
+    opt = torch.optim.SGD(pipe.parameters(), lr=0.01)
+
+    def run() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = pipe.forward_backward(x, y)
+        opt.step()
+        return loss
+
+    return run
 
 
 if __name__ == "__main__":
