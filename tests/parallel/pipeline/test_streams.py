@@ -66,3 +66,18 @@ def test_gpipe_train_step_on_one_gpu_is_the_whole_models_step():
     for p1, p2 in zip(whole.parameters(), split.parameters()):
         torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-4, atol=1e-4)
     assert {e.phase for e in timeline} == {"forward"}  # the stream schedule times the forward only
+
+
+@pytest.mark.gpu
+def test_forward_backward_on_one_gpu_is_the_whole_models_step():
+    # the streams path runs GPipe's two passes (no fused sweep on GPUs); not run where there is no GPU
+    devs = logical_devices(2, ["cuda:0"])
+    model = _model("group").float().cuda()
+    whole = copy.deepcopy(model)
+    pipe = PipelinedModel(split_model(model, devs, boundaries=[4]), 3)
+    x, y = _images().float().cuda(), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2], device="cuda")
+    expected = torch.nn.functional.cross_entropy(whole(x), y)
+    expected.backward()
+    assert pipe.forward_backward(x, y) == pytest.approx(expected.item(), rel=1e-5)
+    for p1, p2 in zip(whole.parameters(), pipe.parameters()):
+        torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-4, atol=1e-4)
