@@ -147,7 +147,8 @@ def main() -> None:
             schedules["interleaved"] = ("i", _split(copy.deepcopy(single), devices * args.interleave,
                                                     args.balance, x[:k_mid]))
         if not on_gpu:  # the fused step: the CPU threads' schedule (on GPUs it is GPipe's two passes)
-            schedules["fused"] = ("f", _fused_split(copy.deepcopy(single), devices * max(1, args.interleave), x[:k_mid]))
+            schedules["fused"] = ("f", _split(copy.deepcopy(single), devices * max(1, args.interleave),
+                                              args.balance, x[:k_mid], fused=True))
         pipes: dict[tuple[str, int], PipelinedModel] = {}
         seqs: dict[tuple[str, int], PipelinedModel] = {}
         for name, (prefix, model) in schedules.items():
@@ -246,22 +247,17 @@ def _schedule_figures(name, prefix, model, sizes, batch_size, timings, pipes, se
     return out
 
 
-def _split(model, devices, balance, sample):
-    """The split model, cut by ``balance`` ("sums": forward + backward per stage balanced)."""
-    if balance != "sums":
+def _split(model, devices, balance, sample, fused=False):
+    """The split model, cut by ``balance`` ("sums": forward + backward per stage balanced), or with
+    ``fused``, by the shortest simulated fused step (one sweep, ``forward_backward``)."""
+    if balance != "sums" and not fused:
         return split_model(model, devices, balance=balance, sample=sample)
-    layers = model_layers(model)
-    forward, backward = phase_times(layers, sample)
-    return split_model(model, devices, boundaries=balanced_boundaries([f + b for f, b in zip(forward, backward)],
-                                                                        len(devices)))
-
-
-def _fused_split(model, devices, sample):
-    """The split whose fused step (one sweep, ``forward_backward``) is shortest by simulation."""
-    layers = model_layers(model)
-    forward, backward = phase_times(layers, sample)
-    return split_model(model, devices, boundaries=interleaved_boundaries(forward, backward, device_lanes(devices),
-                                                                          fused=True))
+    forward, backward = phase_times(model_layers(model), sample)
+    if fused:
+        cut = interleaved_boundaries(forward, backward, device_lanes(devices), fused=True)
+    else:
+        cut = balanced_boundaries([f + b for f, b in zip(forward, backward)], len(devices))
+    return split_model(model, devices, boundaries=cut)
 
 
 def _bound(micro_batches: int, ceiling: float, chunks: int = 1) -> float:

@@ -114,7 +114,6 @@ class StageThreads:
         # graph each stage back-propagates through; None once backward used it
         self.saved: list[list[Any]] = []
         self.keep_graphs = False
-        self.losses: list[torch.Tensor | None] = []  # forward_backward: each micro-batch's weighted loss
 
     # -- the two passes ----------------------------------------------------------------------
 
@@ -140,14 +139,14 @@ class StageThreads:
         num_stages = len(self.stages)
         rows = sum(m.size(0) for m in micro)
         first = self._start(micro, True, input_grad)
-        self.losses = [None] * len(micro)
+        losses: list[torch.Tensor | None] = [None] * len(micro)
 
         def last_forward(s: int, j: int, x: torch.Tensor) -> torch.Tensor:
             out = self.stages[s](comm.to(x, self.devices[s]))  # (rows of micro-batch j, ...)
             loss = loss_fn(out, comm.to(targets[j], self.devices[s])) * (micro[j].size(0) / rows)
             self.saved[s][j] = (x if x.requires_grad else None, loss)
-            self.losses[j] = loss.detach()
-            return self.losses[j]
+            losses[j] = loss.detach()
+            return losses[j]
 
         def first_backward(s: int, j: int, _loss: torch.Tensor) -> torch.Tensor | None:
             return self._backward_stage(s, j, None, from_loss=True)
@@ -157,7 +156,7 @@ class StageThreads:
         order = list(range(num_stages)) + list(reversed(range(num_stages)))
         sweep = Sweep(order, ["forward"] * num_stages + ["backward"] * num_stages, forward + backward, True, first)
         grads = self._run(sweep)
-        return list(self.losses), grads
+        return losses, grads
 
     def _start(self, micro: list[torch.Tensor], grad: bool, input_grad: bool) -> list[torch.Tensor]:
         """Make room for each stage's graphs; stage 0's inputs, as leaves (with ``input_grad``
