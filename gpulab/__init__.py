@@ -16,3 +16,13 @@ __version__ = "0.1.0"
 # above its errors, so only 6 silences them; read before the first profile of the process, so
 # importing gpulab first is enough. Set KINETO_LOG_LEVEL=3 yourself to see kineto's warnings again.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
+class MaskedReference(RuntimeError):
+    """Raised by one of gpulab's reference implementations while a lab that asks for it is graded:
+    the exercise is to write it yourself (:mod:`gpulab.course.mask`)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"gpulab's reference {name} is not available while this lab is graded: the exercise is "
+                         "to write it yourself (use torch, not gpulab's version)")
+        self.name = name

@@ -14,6 +14,8 @@ helpers here, which fill in nbgrader's cell metadata correctly::
     ])
 
     python tools/nbauthor.py strip notebooks/source/*/*.ipynb   # drop outputs before committing
+    python tools/nbauthor.py show NOTEBOOK GRADE_ID              # print one cell's source
+    python tools/nbauthor.py set NOTEBOOK GRADE_ID FILE          # replace it (metadata kept)
 """
 
 from __future__ import annotations
@@ -99,9 +101,34 @@ def strip(path: str | Path) -> None:
     nbformat.write(nb, str(path))
 
 
+def find(nb: nbformat.NotebookNode, grade_id: str) -> nbformat.NotebookNode:
+    """The cell of ``nb`` whose nbgrader ``grade_id`` is ``grade_id`` (KeyError if none)."""
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+            return cell
+    raise KeyError(f"no cell with grade_id {grade_id!r}")
+
+
+def set_source(path: str | Path, grade_id: str, source: str) -> None:
+    """Replace the source of one nbgrader cell, keeping its metadata and id."""
+    nb = nbformat.read(str(path), as_version=4)
+    find(nb, grade_id).source = source.strip("\n")
+    nbformat.validate(nb)
+    nbformat.write(nb, str(path))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] != "strip":
-        sys.exit("usage: python tools/nbauthor.py strip NOTEBOOK...")
-    for p in sys.argv[2:]:
-        strip(p)
-        print(f"stripped {p}")
+    usage = "usage: python tools/nbauthor.py strip NOTEBOOK... | show NOTEBOOK GRADE_ID | set NOTEBOOK GRADE_ID FILE"
+    if len(sys.argv) < 3:
+        sys.exit(usage)
+    if sys.argv[1] == "strip":
+        for p in sys.argv[2:]:
+            strip(p)
+            print(f"stripped {p}")
+    elif sys.argv[1] == "show" and len(sys.argv) == 4:
+        print(find(nbformat.read(sys.argv[2], as_version=4), sys.argv[3]).source)
+    elif sys.argv[1] == "set" and len(sys.argv) == 5:
+        set_source(sys.argv[2], sys.argv[3], Path(sys.argv[4]).read_text())
+        print(f"replaced {sys.argv[3]} in {sys.argv[2]}")
+    else:
+        sys.exit(usage)

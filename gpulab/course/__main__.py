@@ -32,8 +32,6 @@ def _parser() -> argparse.ArgumentParser:
                            help="let notebooks write outside their folder (not recommended)")
             s.add_argument("--no-confine-reads", action="store_true",
                            help="let notebooks read the course folder: solutions, hidden tests (not recommended)")
-            s.add_argument("--flagged", choices=("note", "zero"), default="note",
-                           help="code only tampering needs: 'note' it (default) or also score the tests after it 0")
             s.add_argument("--pids-max", type=int, default=1024,
                            help="processes and threads one submission may hold at once (default 1024)")
             s.add_argument("--allow-weaker-sandbox", action="store_true",
@@ -61,7 +59,7 @@ def _grade(args: argparse.Namespace) -> int:
         limits = Limits(wall_s=args.wall_timeout, cell_timeout_s=args.cell_timeout,
                         memory_mb=default_memory_mb(jobs) if args.memory_mb is None else args.memory_mb,
                         memory_rlimit=args.memory_rlimit, confine_writes=not args.no_confine_writes,
-                        confine_reads=not args.no_confine_reads, flagged=args.flagged, pids_max=args.pids_max,
+                        confine_reads=not args.no_confine_reads, pids_max=args.pids_max,
                         allow_weaker=args.allow_weaker_sandbox)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -73,7 +71,7 @@ def _grade(args: argparse.Namespace) -> int:
           f"memory {limits.memory_mb or 'unlimited'} MiB per process (RLIMIT_{limits.memory_rlimit.upper()}) and "
           f"{limits.cgroup_memory_mb() or 'unlimited'} MiB per submission, {limits.pids_max} tasks, private /tmp "
           f"{limits.tmp_mb} MiB and /dev/shm {limits.shm_mb} MiB; writes confined: {writes}, course unreadable: "
-          f"{reads}, in-kernel probes: {'on' if limits.probes else 'off'}, flagged code: {limits.flagged}")
+          f"{reads}; verdicts decided by the grader against a reference run, references masked")
     print("protections:")
     for layer in plan.layers:
         print(f"  {'on ' if layer.on else 'OFF'}  {layer.name}: {layer.how}")

@@ -15,6 +15,10 @@ to issue jupyter/nbgrader#174); a class of 200 takes hours in sequence.
 from __future__ import annotations
 
 import csv
+import importlib
+import itertools
+import os
+import secrets as secrets_mod
 import shutil
 import tempfile
 import threading
@@ -25,9 +29,10 @@ from pathlib import Path
 import psutil
 from tqdm.auto import tqdm
 
-from gpulab.course import gradebook, integrity, isolation, readguard
+from gpulab.course import gradebook, integrity, isolation, mask, readguard
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
-from gpulab.course.sandbox import Limits, SandboxResult, grade_in_sandbox
+from gpulab.course.reference import ReferenceError, run_reference
+from gpulab.course.sandbox import LabRun, Limits, SandboxResult, grade_in_sandbox
 from gpulab.labs import LABS
 
 
@@ -135,15 +140,60 @@ def grading_root(private_tmp: bool) -> Path:
     return root
 
 
+def cpu_slots(jobs: int, cpus: list[int] | None = None) -> list[list[int]]:
+    """One CPU set per parallel grader: ``len(cpus) // jobs`` CPUs each, disjoint while there are
+    enough (more jobs than CPUs share them). A submission's kernel, and the reference run its
+    timed checks are compared with, get the same number of CPUs, and a classmate graded at the
+    same time runs on other ones."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    k = max(1, len(cpus) // jobs)
+    return [[cpus[(i * k + j) % len(cpus)] for j in range(k)] for i in range(jobs)]
+
+
+def _pool(slots: list[list[int]]) -> ThreadPoolExecutor:
+    """Worker threads, each pinned to one of ``slots`` (what they start inherits the CPU set)."""
+    counter = itertools.count()
+
+    def pin() -> None:
+        os.sched_setaffinity(0, slots[next(counter) % len(slots)])
+
+    return ThreadPoolExecutor(max_workers=len(slots), initializer=pin)
+
+
+def lab_references(lab: str) -> tuple:
+    """The ``REFERENCES`` of a lab's grader module (``00_setup`` -> ``gpulab.grading.lab00``)."""
+    try:
+        module = importlib.import_module(f"gpulab.grading.lab{lab[:2]}")
+    except ModuleNotFoundError:
+        return ()
+    return tuple(getattr(module, "REFERENCES", ()))
+
+
+def prepare_lab(course: Path, lab: str, root: Path, seed: int, secret: str, limits: Limits,
+                plan: isolation.Plan) -> LabRun:
+    """The lab's reference run and masks for this grading run (raises ReferenceError)."""
+    expected = run_reference(course, lab, root / "reference" / lab, seed, secret, limits.cell_timeout_s,
+                             limits.threads)
+    binds = mask.write_masks(lab_references(lab), root / "masks" / lab) if plan.namespaces else []
+    path = root / "reference" / lab / "expected.json"
+    print(f"reference run of {lab}: {expected.seconds:.0f} s on {expected.cpus} CPU(s)", flush=True)
+    return LabRun(lab, seed, path, binds)
+
+
 def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, limits: Limits | None = None,
           progress: bool = True, keep_sandboxes: bool = False, plan: isolation.Plan | None = None) -> list[GradeRow]:
     """Autograde every submission (or one lab's) in parallel and write ``<course>/grades.csv``.
 
+    Each lab first gets its reference run (:mod:`gpulab.course.reference`): the source notebook in
+    a clean kernel, on inputs from this run's fresh seed. Every submission is then graded in its
+    sandbox with gpulab's references masked, and judged against that run.
+
     Args:
         course: the nbgrader course root (``notebooks``).
         lab: grade only this lab.
-        jobs: parallel autogrades (default: number of cores). Submissions of a lab marked
-            ``timed_alone`` in :data:`gpulab.labs.LABS` are graded after the others, one at a time.
+        jobs: parallel autogrades (default: number of cores), each on CPUs of its own
+            (:func:`cpu_slots`). Submissions of a lab marked ``timed_alone`` in
+            :data:`gpulab.labs.LABS` are graded after the others, one at a time, on every CPU.
         limits: per-submission limits; by default 900 s wall clock, the config's cell timeout,
             and :func:`default_memory_mb`.
         progress: show a tqdm bar.
@@ -182,6 +232,9 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
     template, specs = root / "template.db", {}
     pending = dict.fromkeys(pairs)
     max_bytes = limits.max_notebook_mb * 2**20
+    seed, secret = secrets_mod.randbelow(2**31), secrets_mod.token_hex(16)  # fresh for every run
+    # labs whose checks time parallel work against serial work get the machine to themselves
+    alone = {lab_.id for lab_ in LABS if lab_.timed_alone}
     try:
         if pairs:
             gradebook.backup(course)  # the gradebook as it was before this run, whatever happens next
@@ -190,17 +243,37 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
             template.chmod(0o600)
             specs = {lab_: integrity.lab_spec(f"sqlite:///{template}", lab_, course / "source" / lab_)
                      for lab_ in {lab_ for _, lab_ in pairs}}
-        # labs whose checks time parallel work against serial work get the machine to themselves:
-        # a classmate's kernel beside them would change the ratio they grade (lab 10's packing)
-        alone = {lab_.id for lab_ in LABS if lab_.timed_alone}
-        phases = [(jobs, [p for p in pairs if p[1] not in alone]), (1, [p for p in pairs if p[1] in alone])]
+        labs_here = sorted({lab_ for _, lab_ in pairs})
+        runs: dict[str, LabRun] = {}
+        refused: dict[str, str] = {}
+        limits_alone = replace(limits, threads=default_jobs())
+        for phase_labs, slots, lim in ((
+                [x for x in labs_here if x not in alone], cpu_slots(jobs), limits),
+                ([x for x in labs_here if x in alone], cpu_slots(1), limits_alone)):
+            with _pool(slots) as pool:
+                futures = {pool.submit(prepare_lab, course, x, root, seed, secret, lim, plan): x for x in phase_labs}
+                for fut in as_completed(futures):
+                    try:
+                        runs[futures[fut]] = fut.result()
+                    except (ReferenceError, mask.MaskError) as err:
+                        refused[futures[fut]] = str(err)
+        for lab_, why in refused.items():
+            print(f"NOT GRADING {lab_}: {why}", flush=True)
+        for s, lab_ in [p for p in pairs if p[1] in refused]:
+            rows.append(GradeRow(s, lab_, max_score=gradebook.max_score(course, lab_),
+                                 notes=f"not graded: {refused[lab_].splitlines()[0]} (see make grade's output)"))
+            pending.pop((s, lab_), None)
+        pairs = [p for p in pairs if p[1] not in refused]
+        phases = [(cpu_slots(jobs), limits, [p for p in pairs if p[1] not in alone]),
+                  (cpu_slots(1), limits_alone, [p for p in pairs if p[1] in alone])]
         with tqdm(total=len(pairs), desc="autograding", unit="submission", disable=not progress) as bar:
-            for workers, phase in phases:
+            for slots, lim, phase in phases:
                 if not phase:
                     continue
-                with ThreadPoolExecutor(max_workers=workers) as pool:
+                with _pool(slots) as pool:
                     futures = [pool.submit(_grade_safely, course, template, specs[lab_], lab_, s,
-                                           root / lab_ / s, limits, cancel, plan, secrets) for s, lab_ in phase]
+                                           root / lab_ / s, lim, cancel, plan, secrets, runs[lab_])
+                               for s, lab_ in phase]
                     try:
                         for fut in as_completed(futures):
                             result = fut.result()
@@ -225,9 +298,10 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
 
 
 def _grade_safely(course: Path, template: Path, specs: dict, lab: str, student: str, box: Path,
-                  limits: Limits, cancel: threading.Event, plan: isolation.Plan, secrets: list[Path]) -> SandboxResult:
+                  limits: Limits, cancel: threading.Event, plan: isolation.Plan, secrets: list[Path],
+                  run: LabRun) -> SandboxResult:
     try:
-        return grade_in_sandbox(course, template, specs, lab, student, box, limits, cancel, plan, secrets)
+        return grade_in_sandbox(course, template, specs, lab, student, box, limits, cancel, plan, secrets, run)
     except Exception as err:  # noqa: BLE001 - a grader bug on one submission must not stop the class
         return SandboxResult(student, lab, status="failed", notes=[f"grader error: {type(err).__name__}: {err}"])
 

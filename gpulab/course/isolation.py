@@ -263,6 +263,7 @@ class Submission:
     uid: int | None = None
     peaks: dict[str, int | None] = field(default_factory=dict)
     masks: list[str] = field(default_factory=list)  # what no kernel may read (nsinit --mask)
+    binds: list[tuple[str, str]] = field(default_factory=list)  # masked references over the originals (nsinit --bind)
 
     def __post_init__(self) -> None:
         sup = self.plan.cgroups
@@ -283,6 +284,7 @@ class Submission:
         if report is not None:
             init += ["--report", str(report)]
         init += [a for p in self.masks for a in ("--mask", p)]
+        init += [a for src, dst in self.binds for a in ("--bind", f"{src}:{dst}")]
         if self.uid is not None:  # the kernel's uid must reach this Python, even under a closed home folder
             init += [a for p in paths for a in ("--expose", p)]
         return ["unshare", *_unshare_flags(self.plan.root), "--", *init, "--", *command]

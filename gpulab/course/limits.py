@@ -26,10 +26,6 @@ class Limits:
             other submission's grading copy.
         max_notebook_mb: largest notebook (or other file) copied from a submission, or back from
             its grading copy, MiB.
-        flagged: "note" (default): code only tampering needs (:mod:`gpulab.course.scan`) gets a
-            note; "zero": the test cells after the first flagged cell also score 0.
-        probes: snapshot the tests' tools and run a canary after each test cell
-            (:mod:`gpulab.course.tamper`).
         pids_max: most tasks (processes and threads) one submission may hold at once, nbgrader's
             included (cgroup ``pids.max``).
         tmp_mb, shm_mb: sizes of the kernel's private ``/tmp`` and ``/dev/shm`` (tmpfs, MiB).
@@ -50,8 +46,6 @@ class Limits:
     confine_writes: bool = True
     confine_reads: bool = True
     max_notebook_mb: int = 100
-    flagged: str = "note"
-    probes: bool = True
     pids_max: int = 1024
     tmp_mb: int = 1024
     shm_mb: int = 1024
@@ -70,8 +64,6 @@ class Limits:
                              "(0 turns the limit off)")
         if self.memory_rlimit not in ("data", "as"):
             raise ValueError(f"memory_rlimit={self.memory_rlimit!r}: use 'data' or 'as'")
-        if self.flagged not in ("note", "zero"):
-            raise ValueError(f"flagged={self.flagged!r}: use 'note' (flag only) or 'zero' (the tests after it score 0)")
         if self.max_notebook_mb < 1:
             raise ValueError(f"max_notebook_mb={self.max_notebook_mb}: use at least 1 MiB")
         if self.pids_max < 64:
@@ -88,6 +80,18 @@ class Limits:
 
 # What nbgrader itself may take beside the kernel (it holds the notebook and its outputs).
 NBGRADER_MB = 1024
+
+
+@dataclass
+class LabRun:
+    """What every submission of one lab shares in one grading run: the seed its kernels draw their
+    inputs from, the reference run's expected values (:mod:`gpulab.course.reference`) and the
+    masked references bound over gpulab's own (:mod:`gpulab.course.mask`)."""
+
+    lab: str
+    seed: int
+    expected: Path
+    binds: list[tuple[Path, Path]] = field(default_factory=list)
 
 
 @dataclass

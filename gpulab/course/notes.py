@@ -13,7 +13,7 @@ from typing import Sequence
 
 import nbformat
 
-from gpulab.course.execute import FLAGGED, KERNEL_DIED, NOT_RUN, OUTPUT_CAPPED, TAMPERED, TIMEOUT
+from gpulab.course.execute import KERNEL_DIED, NOT_RUN, OUTPUT_CAPPED, TIMEOUT
 
 # How "out of memory" reads from Python, numpy, torch's CPU allocator and C++ code.
 _OOM = re.compile(r"MemoryError|OutOfMemoryError|can't allocate memory|Cannot allocate memory|bad_alloc|"
@@ -31,9 +31,12 @@ def output_notes(path: Path, cell_timeout_s: int | None, memory_mb: int) -> list
     nb = nbformat.read(str(path), as_version=4)
     notes: list[str] = []
     not_run = 0
-    zeroed: dict[str, list[str]] = {}  # one note per reason, naming every cell it zeroed
+    seen: dict[str, list[str]] = {}  # what the grader saw, one note per kind, naming every cell
     limit = f"{cell_timeout_s} s cell time limit" if cell_timeout_s else "cell time limit"
     for i, cell in enumerate(nb.cells):
+        note = cell.get("metadata", {}).get("gpulab", {}).get("note")
+        if isinstance(note, str) and note:
+            seen.setdefault(note[:300], []).append(_label(cell, i))
         for out in cell.get("outputs", []):
             text = out.get("text", "") if out.get("output_type") == "stream" else ""
             if OUTPUT_CAPPED in text:
@@ -44,8 +47,6 @@ def output_notes(path: Path, cell_timeout_s: int | None, memory_mb: int) -> list
             ename, evalue = out.get("ename", ""), _ANSI.sub("", out.get("evalue", ""))
             if ename == NOT_RUN:
                 not_run += 1
-            elif ename in (TAMPERED, FLAGGED):
-                zeroed.setdefault(evalue, []).append(_label(cell, i))
             elif ename == KERNEL_DIED:
                 notes.append(f"the kernel died in {_label(cell, i)} (os._exit, a signal, or a crash)")
             elif ename == TIMEOUT and "was stopped" in evalue:
@@ -56,8 +57,8 @@ def output_notes(path: Path, cell_timeout_s: int | None, memory_mb: int) -> list
                 cap = f" (limit {memory_mb} MiB)" if memory_mb else ""
                 notes.append(f"{_label(cell, i)} ran out of memory{cap}")
     notes = list(dict.fromkeys(notes))  # one note per cell, in notebook order
-    for reason, cells in zeroed.items():
-        notes.append(f"{', '.join(cells)} scored 0: {reason}")
+    for reason, cells in seen.items():
+        notes.append(f"{', '.join(cells)}: {reason}")
     if not_run:
         notes.append(f"{not_run} later cell(s) of {path.name} were not run")
     return notes

@@ -86,6 +86,16 @@ def private_mounts(tmp_mb: int, shm_mb: int, keep: list[str] | None = None,
     return kept
 
 
+def bind_over(pairs: list[tuple[str, str]]) -> None:
+    """Bind each ``source`` read-only over ``target`` (a masked copy of a module over the module,
+    :mod:`gpulab.course.mask`). A target that does not exist is skipped."""
+    for source, target in pairs:
+        if not os.path.lexists(target):
+            continue
+        mount(source, target, None, MS_BIND)
+        mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | _locked_flags(target))
+
+
 def _cover(folder: str, tmpfs_options: str, keep: list[str], read_only: bool = False) -> None:
     """Mount an empty tmpfs over ``folder`` and bind each of ``keep`` (beneath it) back at its
     place, read-only if asked. The paths are opened first: once covered they cannot be named."""
@@ -226,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="a path no kernel may read: shown empty where it lies in a kept folder (repeat)")
     p.add_argument("--expose", action="append", default=[],
                    help="a path the kernel's uid must reach through a closed folder (repeat)")
+    p.add_argument("--bind", action="append", default=[], metavar="SOURCE:TARGET",
+                   help="bind SOURCE read-only over TARGET (a masked reference; repeat)")
     p.add_argument("--report", default=None, help="write what the submission left here (JSON, nsinit.report)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
@@ -241,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.no_mounts:
             private_mounts(args.tmp_mb, args.shm_mb, args.keep, args.mask)
             expose(args.expose)
+            bind_over([tuple(b.split(":", 1)) for b in args.bind])
         loopback_up()
     except OSError as err:
         print(f"gpulab.course.nsinit: the submission's namespaces could not be set up: {err}", file=sys.stderr)

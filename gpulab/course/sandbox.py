@@ -38,7 +38,7 @@ from pathlib import Path
 
 from gpulab.course import integrity, isolation, links, readguard, scan
 from gpulab.course import notes as notes_mod
-from gpulab.course.limits import Limits, SandboxResult  # noqa: F401 - re-exported: callers import them from here
+from gpulab.course.limits import LabRun, Limits, SandboxResult  # noqa: F401 - re-exported: callers import them from here
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
 from gpulab.course.processes import kill_marked, kill_tree
 
@@ -56,8 +56,8 @@ c.SandboxedExecute.max_output_kb = {max_output_kb!r}
 c.SandboxedExecute.interrupt_grace = {grace}
 c.SandboxedExecute.clean_dir = {work!r}
 c.SandboxedExecute.clean_log = {clean_log!r}
-c.SandboxedExecute.flagged = {flagged!r}
-c.SandboxedExecute.probes = {probes!r}
+c.SandboxedExecute.mode = "graded"
+c.SandboxedExecute.expected = {expected!r}
 # The outputs are collected by then; a graceful kernel shutdown only adds about 2 s per submission.
 c.Execute.shutdown_kernel = "immediate"
 """
@@ -134,12 +134,13 @@ def check_config(path: Path, jail_args: list[str], kernel_prefix: list[str] | No
 
 def prepare(course: Path, template_db: Path, specs: dict[str, integrity.NotebookSpec], lab: str, student: str,
             box: Path, limits: Limits, sub: isolation.Submission | None = None,
-            secrets: list[Path] | None = None) -> list[str]:
+            secrets: list[Path] | None = None, run: LabRun | None = None) -> list[str]:
     """Build the isolated course for one submission; return integrity notes.
 
     Args:
         sub: the submission's OS isolation (its kernel's uid gets the kernel's folders).
         secrets: what no kernel may read, beyond the course (:func:`readguard.repository_secrets`).
+        run: the lab's reference run and masks for this grading run.
 
     Raises:
         integrity.UnreadableNotebook: a submitted notebook cannot be opened.
@@ -159,6 +160,11 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     for f in _font_cache():
         shutil.copy(f, tmp / "matplotlib")
     (box / "writes.jsonl").touch()
+    if run is not None:
+        shutil.copyfile(run.expected, box / "expected.json")
+        (box / "expected.json").chmod(0o600)
+        if sub is not None:
+            sub.binds = [(str(a), str(b)) for a, b in run.binds]
     private_tmp = sub is not None and sub.plan.namespaces
     if sub is not None and sub.uid is not None:
         _hand_over(box, student, sub)
@@ -180,7 +186,7 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     prefix = sub.kernel_prefix() if sub is not None else []
     tail = _CONFIG_TAIL.format(root=str(box), db_url=f"sqlite:///{box / 'gradebook.db'}", jail_args=jail_args,
                                grace=limits.interrupt_grace_s, work=str(work), clean_log=str(box / "removed.txt"),
-                               flagged=limits.flagged, probes=limits.probes, kernel_prefix=prefix,
+                               expected=str(box / "expected.json"), kernel_prefix=prefix,
                                kernel_uid=sub.uid if sub is not None and sub.uid is not None else -1,
                                max_output_kb=limits.max_output_kb)
     if limits.cell_timeout_s is not None:
@@ -198,7 +204,7 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     notes += [f"{m}.ipynb is missing; it scores 0" for m in missing]
     for name in sorted(found & set(specs)):
         notes += integrity.repair_notebook(submitted / f"{name}.ipynb", specs[name])
-        notes += scan.scan_notes(integrity.read_notebook(submitted / f"{name}.ipynb"), limits.flagged)
+        notes += scan.scan_notes(integrity.read_notebook(submitted / f"{name}.ipynb"))
     return notes
 
 
@@ -207,12 +213,12 @@ def _hand_over(box: Path, student: str, sub: isolation.Submission) -> None:
     to its folders (``--x``), own its temp folder and audit log, and read nothing else there."""
     for d in (box.parent.parent, box.parent, box, box / "autograded", box / "autograded" / student):
         d.chmod(0o711)
-    for path in (box / "gradebook.db", box / "submitted", box / "source"):
+    for path in (box / "gradebook.db", box / "submitted", box / "source", box / "expected.json"):
         path.chmod(0o700 if path.is_dir() else 0o600)
     sub.give(box / "tmp", box / "writes.jsonl")  # the kernel's own folder is handed over by nbgrader's side
 
 
-def _env(box: Path, limits: Limits, private_tmp: bool = False) -> dict[str, str]:
+def _env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None = None) -> dict[str, str]:
     """nbgrader's (and so the kernel's) environment: every cache in the grading copy; ``TMPDIR`` is
     the private tmpfs ``/tmp`` when the submission has a mount namespace, else ``box/tmp``."""
     tmp = box / "tmp"
@@ -226,7 +232,11 @@ def _env(box: Path, limits: Limits, private_tmp: bool = False) -> dict[str, str]
              # torch writes its own choice back into os.environ on first use of torch._dynamo, so a
              # grader process that used it would hand /tmp/torchinductor_<user> to every kernel.
              "TORCHINDUCTOR_CACHE_DIR": str(tmp / "cache" / "torchinductor"),
-             "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "agg"}
+             "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "agg",
+             # the kernel sends evidence, not verdicts, on inputs from this run's seed (gpulab.grading.evidence)
+             "GPULAB_GRADING": "graded"}
+    if seed is not None:
+        extra["GPULAB_SEED"] = str(seed)
     if limits.threads:
         extra.update(OMP_NUM_THREADS=str(limits.threads), MKL_NUM_THREADS=str(limits.threads))
     return nbgrader_env(extra)
@@ -234,7 +244,7 @@ def _env(box: Path, limits: Limits, private_tmp: bool = False) -> dict[str, str]
 
 def run_autograde(box: Path, lab: str, student: str, limits: Limits,
                   cancel: threading.Event | None = None,
-                  sub: isolation.Submission | None = None) -> tuple[int | None, bool]:
+                  sub: isolation.Submission | None = None, seed: int | None = None) -> tuple[int | None, bool]:
     """``nbgrader autograde`` in ``box`` under the wall-clock limit, in the submission's namespaces
     and cgroup when ``sub`` gives them; every process of the submission is gone when it returns.
 
@@ -254,7 +264,7 @@ def run_autograde(box: Path, lab: str, student: str, limits: Limits,
     t0 = time.monotonic()
     with open(box / "nbgrader.log", "wb") as log:
         # A session of its own, no terminal: a student's process group signals cannot reach the grader.
-        proc = subprocess.Popen(cmd, cwd=box, env=_env(box, limits, private_tmp), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, cwd=box, env=_env(box, limits, private_tmp, seed), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             while True:
@@ -289,12 +299,14 @@ def read_scores(result: SandboxResult, db_url: str) -> None:
 
 def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity.NotebookSpec], lab: str,
                      student: str, box: Path, limits: Limits, cancel: threading.Event | None = None,
-                     plan: isolation.Plan | None = None, secrets: list[Path] | None = None) -> SandboxResult:
+                     plan: isolation.Plan | None = None, secrets: list[Path] | None = None,
+                     run: LabRun | None = None) -> SandboxResult:
     """Grade one submission in ``box`` (a new folder); never raises for anything the student did.
 
     Args:
         plan: the OS isolation this machine gives (:func:`isolation.detect`); None: none.
         secrets: paths beyond the course that no kernel may read (:func:`readguard.repository_secrets`).
+        run: the lab's reference run and masks (None: nothing to judge against; every test fails).
     """
     t0 = time.perf_counter()
     result = SandboxResult(student, lab, log=box / "nbgrader.log")
@@ -303,7 +315,7 @@ def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity
         sub = isolation.Submission(plan, limits.pids_max, limits.cgroup_memory_mb(), limits.tmp_mb, limits.shm_mb)
     try:
         try:
-            result.notes += prepare(course, template_db, specs, lab, student, box, limits, sub, secrets)
+            result.notes += prepare(course, template_db, specs, lab, student, box, limits, sub, secrets, run)
         except integrity.UnreadableNotebook as err:
             result.status, result.notes = "unreadable", [str(err)]
             return result
@@ -311,7 +323,7 @@ def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity
             result.status, result.notes = "missing", [str(err)]
             return result
         before = _snapshot(box, [box / "autograded", box / "tmp"])
-        rc, timed_out = run_autograde(box, lab, student, limits, cancel, sub)
+        rc, timed_out = run_autograde(box, lab, student, limits, cancel, sub, run.seed if run else None)
     finally:
         if sub is not None:
             result.peaks = sub.finish()  # also when prepare failed: no cgroup is left behind

@@ -1,13 +1,12 @@
-"""A static scan of a submission for code that only tampering with the grader needs.
+"""A static scan of a submission for code that only tampering needs: a note for a human, never a score.
 
 No lab asks a student to touch IPython's machinery, the profiler, ``builtins``, ``sys.modules``,
 gpulab's or torch's module attributes, a kernel client, symbolic links, terminal ioctls or the
-frames of its callers (where the tests' source, hidden tests included, can be read); each of
-these was used in a red-team of ``make grade`` to fake a score or reach past the sandbox. The scan
-reads the cells a student may edit (not the locked cells the gradebook restores) and names what
-it finds; the note sends the submission to a human. By default a flagged cell only gets the note
-(a comment or a string can match); with ``grade --flagged zero`` the test cells after the first
-flagged cell also score 0 (:class:`gpulab.course.execute.SandboxedExecute`).
+frames of its callers; each was used in a red-team of ``make grade``. None of them can change a
+verdict any more (the grader decides from evidence, outside the kernel), but a submission that
+tries is worth a human's look, and some of them (patching gpulab's instruments) change what an
+instrument measures in the kernel. The scan reads the cells a student may edit (not the locked
+cells the gradebook restores) and names what it finds.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ def scan_cell(cell: NotebookNode) -> list[str]:
     return scan_source(cell.get("source", ""))
 
 
-def scan_notes(nb: NotebookNode, flagged: str = "note") -> list[str]:
+def scan_notes(nb: NotebookNode) -> list[str]:
     """One note per flagged cell: ``cell 7 (to_device_impl) uses displayhook, ExecutionResult ...``."""
     notes = []
     for i, cell in enumerate(nb.cells):
@@ -57,6 +56,5 @@ def scan_notes(nb: NotebookNode, flagged: str = "note") -> list[str]:
         if found:
             gid = cell.metadata.get("nbgrader", {}).get("grade_id")
             label = f"cell {i} ({gid})" if gid else f"cell {i}"
-            then = "the tests after it score 0" if flagged == "zero" else "a human should review it"
-            notes.append(f"{label} uses {', '.join(found)}, which only tampering with the grader needs; {then}")
+            notes.append(f"{label} uses {', '.join(found)}, which only tampering needs; a human should review it")
     return notes

@@ -34,6 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab import MaskedReference
 from gpulab.devices.doctor_text import format_report
 from gpulab.devices.nvml import close_nvml, open_nvml
 from gpulab.devices.physical import cuda_device_count
@@ -266,15 +267,26 @@ def summary_mode(f: Facts) -> str:
 
 
 def report(f: Facts | None = None) -> dict[str, Any]:
-    """The whole report as a JSON-able dict."""
+    """The whole report as a JSON-able dict.
+
+    While lab 00 is graded, the diagnosis is the student's exercise and is masked
+    (:mod:`gpulab.course.mask`): the report then has the facts and no findings, and says so.
+    """
     f = f or probe()
-    return {
+    try:
+        problems, notes, masked = diagnose(f), compatibility_notes(f), None
+    except MaskedReference as err:
+        problems, notes, masked = [], [], f"no findings: {err}"
+    out = {
         "mode": summary_mode(f),
         "facts": dataclasses.asdict(f),
-        "problems": [dataclasses.asdict(p) for p in diagnose(f)],
-        "notes": [dataclasses.asdict(n) for n in compatibility_notes(f)],
+        "problems": [dataclasses.asdict(p) for p in problems],
+        "notes": [dataclasses.asdict(n) for n in notes],
         "labs": lab_modes(f),
     }
+    if masked:
+        out["masked"] = masked
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,8 @@ def format_report(rep: dict[str, Any]) -> str:
     else:
         lines.append("GPUs:        none. This is a CPU-only machine: every lab runs here, multi-device parts on logical devices.")
     lines.append("")
+    if rep.get("masked"):
+        lines.append(f"Diagnosis:   {rep['masked']}")
     if rep["problems"]:
         lines.append("Problems found:")
         for p in rep["problems"]:

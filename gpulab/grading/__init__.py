@@ -1,35 +1,40 @@
 """Grading: the checks the notebooks' test cells call, and each lab's graders.
 
-- :mod:`~gpulab.grading.checks`: :class:`GradingError` and the generic ``check_*`` helpers
-  (re-exported here, so test cells write ``grading.check_close(...)``).
+- :mod:`~gpulab.grading.checks`: :class:`GradingError` and the ``check_*`` helpers (re-exported
+  here, so test cells write ``grading.check_close(...)``). Interactively they decide at once;
+  under ``make grade`` they only send evidence, and the grader decides outside the kernel
+  (:mod:`~gpulab.grading.evidence`, :mod:`~gpulab.grading.judge`).
+- :func:`by_reference`, :func:`seed`, :func:`rng`: expected values computed only in the reference
+  kernel, and inputs drawn from the grading run's seed.
+- :func:`check_speedup` (:mod:`~gpulab.grading.speedup`): a speed-up the grader times itself.
 - ``gpulab.grading.labNN``: one module per lab with the graders its hidden tests call, and a
-  public ``REFERENCES`` tuple: gpulab's reference implementations of that lab's exercises, the
-  ``forbidden`` argument of :func:`check_not_calling`.
+  public ``REFERENCES`` tuple: gpulab's reference implementations of that lab's exercises, which
+  are masked in the student's kernel while it is graded (:mod:`gpulab.course.mask`).
 
 The library (instruments and references) never imports this package; it imports the library.
-
-What these checks cannot see: gpulab's references are public (students import gpulab), so a
-student can read a reference's source and retype it, with other names or in another order. The
-result is the student's own code as far as any program can tell, and :func:`check_not_calling`
-passes it: it catches calls to a reference and exact copies of one (the same bytecode, constants
-and names), not paraphrases. That case is left to a human reading the submission (see
-docs/instructor.md, "Threat model").
+Importing it does not import torch: the grader's own process uses :mod:`~gpulab.grading.judge`.
 """
 
 from gpulab.grading.checks import (
     GradingError,
-    SpeedComparison,
+    by_reference,
     catch,
     check,
     check_between,
     check_close,
     check_equal,
-    check_not_calling,
     check_raises,
     check_ratio,
     check_shape,
-    compare_speed,
 )
+from gpulab.grading.evidence import rng, seed
+from gpulab.grading.speedup import check_speedup
+
+
+def check_not_calling(fn, *args, forbidden=(), what=None, **kwargs):  # noqa: ANN001, ANN201 - being removed
+    """Transitional: call ``fn``. The references are masked in the graded kernel (gpulab.course.mask)."""
+    return fn(*args, **kwargs)
+
 
 __all__ = ["GradingError", "catch", "check", "check_equal", "check_close", "check_shape", "check_between", "check_ratio",
-           "check_raises", "check_not_calling", "compare_speed", "SpeedComparison"]
+           "check_raises", "by_reference", "seed", "rng", "check_speedup"]

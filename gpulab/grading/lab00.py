@@ -1,14 +1,82 @@
-"""Lab 00's graders: the references the setup exercises must not call."""
+"""Lab 00's graders: the references the setup exercises are judged against, and the random inputs
+the hidden tests draw from the grading run's seed."""
 
 from __future__ import annotations
 
-from gpulab.devices.doctor import compatibility_notes, diagnose, probe, report
-from gpulab.devices.machine import choose_backend, place_ranks
+import random
+from collections import namedtuple
+from typing import Any
 
-__all__ = ["REFERENCES"]
+import torch
 
-# gpulab's reference implementations of this lab's exercises: a test cell passes them to
-# grading.check_not_calling(..., forbidden=REFERENCES) so that a submission cannot call them.
-# The doctor's diagnosis (diagnose, compatibility_notes, and report/probe, which run it) is the
-# reference of exercise 4 (triage).
-REFERENCES: tuple = (choose_backend, place_ranks, diagnose, compatibility_notes, report, probe)
+from gpulab.devices.batches import tree_map
+from gpulab.devices.doctor import compatibility_notes, diagnose
+from gpulab.devices.machine import MachineSpec, choose_backend, place_ranks
+
+__all__ = ["REFERENCES", "random_batch", "random_machines", "doctor_says", "FINDINGS"]
+
+# gpulab's reference implementations of this lab's exercises, masked in a graded kernel
+# (gpulab.course.mask): the batch walker behind to_device, the backend and placement rules, and the
+# doctor's diagnosis behind triage (the doctor's report then shows no findings while grading).
+REFERENCES: tuple = (tree_map, choose_backend, place_ranks, diagnose, compatibility_notes)
+
+# the doctor's findings, in the order triage checks them
+FINDINGS = ("cpu-build-on-gpu-machine", "driver-too-old", "gpus-hidden", "minor-version-compat")
+
+Pair = namedtuple("Pair", "image label")
+
+
+class Tagged(tuple):
+    """A tuple subclass that is not a namedtuple: a batch container torch's private pytree leaves alone."""
+
+
+class Items(list):
+    """A list subclass: it must stay a list, and its tensors move too."""
+
+
+def random_batch(rng: random.Random, depth: int = 3) -> Any:
+    """A nested batch of the kinds a DataLoader yields: dicts, lists, tuples, a namedtuple and
+    tuple/list subclasses, holding tensors of random shapes and dtypes, strings, numbers and None."""
+    def leaf() -> Any:
+        kind = rng.randrange(6)
+        if kind <= 2:
+            shape = tuple(rng.randint(1, 4) for _ in range(rng.randint(0, 3)))
+            dtype = rng.choice([torch.float32, torch.int64, torch.uint8, torch.bool])
+            return torch.zeros(shape, dtype=dtype) if dtype != torch.float32 else torch.randn(shape)
+        return rng.choice([f"file_{rng.randrange(100)}.png", rng.randrange(-5, 50), None, 0.5 * rng.randrange(8)])
+
+    def node(d: int) -> Any:
+        if d == 0:
+            return leaf()
+        kind = rng.randrange(6)
+        items = [node(d - 1) for _ in range(rng.randint(1, 3))]
+        if kind == 0:
+            return {f"k{i}": v for i, v in enumerate(items)}
+        if kind == 1:
+            return tuple(items)
+        if kind == 2:
+            return Items(items)
+        if kind == 3:
+            return Tagged(items)
+        if kind == 4:
+            return Pair(items[0], node(0))
+        return items
+
+    return {"inputs": node(depth), "meta": [node(1), Tagged((leaf(), leaf()))], "target": Pair(leaf(), leaf())}
+
+
+def random_machines(rng: random.Random, n: int) -> list[tuple[MachineSpec, Any]]:
+    """``n`` (machine, world_size) cases: GPU counts, builds and NCCL at random, world sizes from 1
+    to twice the GPUs, and a few bad world sizes (0, negative, a float, a string)."""
+    cases = []
+    for _ in range(n):
+        gpus = rng.choice([0, 1, 2, 3, 4, 8])
+        spec = MachineSpec(num_gpus=gpus, cuda_build=rng.random() < 0.8, nccl=rng.random() < 0.7)
+        cases.append((spec, rng.randint(1, max(2, 2 * gpus))))
+    return cases
+
+
+def doctor_says(facts: Any) -> str:
+    """The doctor's first finding for ``facts`` (a Facts), in :data:`FINDINGS` order, or "ok"."""
+    found = [p.code for p in diagnose(facts)] + [n.code for n in compatibility_notes(facts)]
+    return next((c for c in FINDINGS if c in found), "ok")
