@@ -84,10 +84,18 @@ def require(namespace: Mapping[str, Any], *names: str) -> None:
                 f"the `raise NotImplementedError()` line; then run this test cell again")
 
 
+def masked(reference: Any) -> bool:
+    """Whether ``reference`` is one of gpulab's references masked while this lab is graded
+    (:mod:`gpulab.course.mask`: its code only raises ``gpulab.MaskedReference``)."""
+    return any("MaskedReference" in code.co_names for code in _codes(reference))
+
+
 def yours_or_reference(namespace: Mapping[str, Any], name: str, reference: Any, *, needs: Sequence[str] = ()) -> Any:
     """The student's ``name`` once it is answered; until then gpulab's ``reference``, and a note saying so.
 
-    For demo and measurement cells only: tests never fall back (see :func:`require`).
+    For demo and measurement cells only: tests never fall back (see :func:`require`). While the
+    lab is graded the reference is masked, so an unanswered exercise's demo stops at once, naming
+    the exercise (no test may depend on such a demo's results).
 
     Args:
         namespace: ``globals()`` of the notebook.
@@ -102,6 +110,9 @@ def yours_or_reference(namespace: Mapping[str, Any], name: str, reference: Any, 
     if not missing:
         return namespace[name]
     names = ", ".join(f"`{n}`" for n in missing)
+    if masked(reference):
+        raise NotImplementedError(f"exercise {names} is not answered yet, and gpulab's reference is not available "
+                                  "while this lab is graded: this cell needs your version")
     print(f"(exercise {names} {'is' if len(missing) == 1 else 'are'} not answered yet, so this cell uses "
           f"gpulab's reference for `{name}`; run it again once yours is written)")
     return reference
