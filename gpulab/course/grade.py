@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 from tqdm.auto import tqdm
 
-from gpulab.course import gradebook, integrity, isolation, mask, readguard
+from gpulab.course import gradebook, integrity, isolation, mask, readguard, students
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 from gpulab.course.reference import ReferenceError, run_reference
 from gpulab.course.sandbox import LabRun, Limits, SandboxResult, grade_in_sandbox
@@ -88,8 +88,8 @@ def write_csv(rows: list[GradeRow], path: Path) -> None:
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["student", "lab", "score", "max_score", "notes"])
-        for r in rows:
-            w.writerow([r.student, r.lab, f"{r.score:g}", f"{r.max_score:g}", r.notes])
+        for r in rows:  # ids and notes are the students' words: a spreadsheet must show them, not run them
+            w.writerow([students.csv_cell(r.student), r.lab, f"{r.score:g}", f"{r.max_score:g}", students.csv_cell(r.notes)])
 
 
 def _keep_log(course: Path, result: SandboxResult) -> None:
@@ -272,7 +272,7 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
                     continue
                 with _pool(slots) as pool:
                     futures = [pool.submit(_grade_safely, course, template, specs[lab_], lab_, s,
-                                           root / lab_ / s, lim, cancel, plan, secrets, runs[lab_])
+                                           root / lab_ / students.alias(s), lim, cancel, plan, secrets, runs[lab_])
                                for s, lab_ in phase]
                     try:
                         for fut in as_completed(futures):
@@ -283,7 +283,7 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
                             pending.pop((result.student, result.lab), None)
                             _write_progress(rows, pending, course / "grades.csv")
                             if not keep_sandboxes:
-                                shutil.rmtree(root / result.lab / result.student, ignore_errors=True)
+                                shutil.rmtree(root / result.lab / students.alias(result.student), ignore_errors=True)
                             bar.set_postfix_str(f"{result.student}: {result.status}")
                             bar.update()
                     except KeyboardInterrupt:
@@ -292,9 +292,30 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
     finally:
         if not keep_sandboxes:
             shutil.rmtree(root, ignore_errors=True)
+    _note_copies(course, rows)
     rows.sort(key=lambda r: (r.lab, r.student))
     write_csv(rows, course / "grades.csv")
     return rows
+
+
+def _note_copies(course: Path, rows: list[GradeRow]) -> None:
+    """Add to each row the answer cells found in a reference, the solution or a classmate's
+    (:mod:`gpulab.course.similarity`); a failure here costs the notes, never the grades."""
+    from gpulab.course import similarity
+
+    by_lab: dict[str, list[GradeRow]] = {}
+    for row in rows:
+        by_lab.setdefault(row.lab, []).append(row)
+    for lab_, lab_rows in by_lab.items():
+        try:
+            copies = similarity.lab_copies(course, lab_, [r.student for r in lab_rows], lab_references(lab_))
+        except Exception as err:  # noqa: BLE001 - a missing or broken copydetect must not stop the class
+            print(f"similarity check of {lab_} skipped: {type(err).__name__}: {err}", flush=True)
+            continue
+        for row in lab_rows:
+            found = [m.note() for m in copies.get(row.student, [])]
+            if found:
+                row.notes = "; ".join(filter(None, [row.notes, *found]))
 
 
 def _grade_safely(course: Path, template: Path, specs: dict, lab: str, student: str, box: Path,
@@ -311,10 +332,10 @@ def print_table(rows: list[GradeRow], seconds: float | None = None) -> None:
     if not rows:
         print("no submissions found under notebooks/submitted/<student>/<lab>/")
         return
-    w = max(len("student"), *(len(r.student) for r in rows))
+    w = max(len("student"), *(len(students.shown(r.student)) for r in rows))
     print(f"{'student':<{w}}  {'lab':<18} {'score':>11}  notes")
     for r in rows:
-        print(f"{r.student:<{w}}  {r.lab:<18} {r.score:>5g}/{r.max_score:<5g}  {r.notes}")
+        print(f"{students.shown(r.student):<{w}}  {r.lab:<18} {r.score:>5g}/{r.max_score:<5g}  {r.notes}")
     full = sum(r.max_score > 0 and r.score == r.max_score for r in rows)
     noted = sum(bool(r.notes) for r in rows)
     took = f" in {seconds:.0f} s" if seconds is not None else ""

@@ -128,7 +128,7 @@ def kernel_paths() -> list[str]:
     import gpulab
 
     paths = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)))}
-    paths.add(str(Path(gpulab.__file__).resolve().parents[1]))
+    paths.add(str(Path(gpulab.__file__).resolve().parent))  # the package, not the checkout around it
     paths |= {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     paths = {p for p in paths if os.path.isdir(p)}
     return sorted(p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths))
@@ -264,6 +264,7 @@ class Submission:
     peaks: dict[str, int | None] = field(default_factory=dict)
     masks: list[str] = field(default_factory=list)  # what no kernel may read (nsinit --mask)
     binds: list[tuple[str, str]] = field(default_factory=list)  # masked references over the originals (nsinit --bind)
+    visible: list[str] = field(default_factory=list)  # writable paths kept when the machine is hidden (the grading folder)
 
     def __post_init__(self) -> None:
         sup = self.plan.cgroups
@@ -285,6 +286,8 @@ class Submission:
             init += ["--report", str(report)]
         init += [a for p in self.masks for a in ("--mask", p)]
         init += [a for src, dst in self.binds for a in ("--bind", f"{src}:{dst}")]
+        if self.visible:  # the rest of the machine (homes, other clones of the course) is not in the namespace
+            init += ["--hide", *[a for p in paths for a in ("--see", p)], *[a for p in self.visible for a in ("--see-rw", p)]]
         if self.uid is not None:  # the kernel's uid must reach this Python, even under a closed home folder
             init += [a for p in paths for a in ("--expose", p)]
         return ["unshare", *_unshare_flags(self.plan.root), "--", *init, "--", *command]

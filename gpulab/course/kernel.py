@@ -9,7 +9,10 @@ grow with it. :class:`gpulab.course.execute.SandboxedExecute` uses both.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+import threading
 
 import zmq
 import zmq.asyncio
@@ -69,12 +72,20 @@ class JailedKernelManager(AsyncKernelManager):
 
     The jail and setpriv exec the kernel in place (no extra process in between), so
     jupyter_client's interrupts and kills reach the kernel itself.
+
+    The jail's audit log (what the kernel tried to write, read or signal) crosses a pipe whose
+    write end is all the kernel holds (``--audit-fd``); this process appends what arrives to
+    ``audit_log``, a file the kernel cannot open. A kernel can close its end, but not erase what
+    was written, and a pipe closed while the kernel still runs is itself logged.
     """
+
+    AUDIT_FD = "{audit_fd}"  # in jail_args, replaced by the pipe's descriptor at launch
 
     jail_args = List(Unicode(), help="arguments for python -m gpulab.course.jail").tag(config=True)
     kernel_prefix = List(Unicode(), help="command put before the jail (setpriv ...)").tag(config=True)
     kernel_uid = Integer(-1, help="the kernel's uid: its folder and connection file are handed to it "
                                   "(-1: the kernel keeps nbgrader's uid)").tag(config=True)
+    audit_log = Unicode("", help="where the jail's audit pipe is written (JSON lines)").tag(config=True)
     client_class = DottedObjectName("gpulab.course.kernel.CappedKernelClient")
     client_factory = Type(CappedKernelClient, klass="jupyter_client.asynchronous.AsyncKernelClient")
 
@@ -88,3 +99,30 @@ class JailedKernelManager(AsyncKernelManager):
         if len(cmd) >= 3 and cmd[1] == "-m":  # a Python kernel: the jail imports and runs the module
             return [*self.kernel_prefix, cmd[0], "-m", "gpulab.course.jail", *self.jail_args, "--", *cmd[1:]]
         return [*self.kernel_prefix, sys.executable, "-m", "gpulab.course.jail", *self.jail_args, "--", *cmd]
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: object) -> None:
+        if not self.audit_log or self.AUDIT_FD not in kernel_cmd:
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+            return
+        read_end, write_end = os.pipe()
+        cmd = [str(write_end) if a == self.AUDIT_FD else a for a in kernel_cmd]
+        try:
+            await super()._async_launch_kernel(cmd, pass_fds=(write_end,), **kw)
+        finally:
+            os.close(write_end)
+        threading.Thread(target=self._copy_audit, args=(read_end,), daemon=True, name="audit-log").start()
+
+    def _copy_audit(self, read_end: int) -> None:
+        """Append what the kernel's jail writes to the pipe to :attr:`audit_log`, until it closes."""
+        with os.fdopen(read_end, "rb") as pipe, open(self.audit_log, "ab") as log:
+            for line in pipe:
+                log.write(line[:65536].rstrip(b"\n") + b"\n")
+                log.flush()
+            process = getattr(self.provisioner, "process", None)
+            if process is not None and process.poll() is None:  # a kernel being stopped closes it too: wait
+                try:
+                    process.wait(timeout=2)
+                except Exception:  # noqa: BLE001 - still running (TimeoutExpired), or already reaped elsewhere
+                    pass
+            if process is not None and process.poll() is None:  # the kernel lives on without its log
+                log.write((json.dumps({"event": "audit-closed"}) + "\n").encode())

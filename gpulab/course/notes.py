@@ -79,11 +79,16 @@ def read_write_log(path: Path) -> tuple[bool | None, list[str], list[str]]:
             landlock = bool(entry.get("landlock"))
         elif entry.get("event") == "signal":
             signals.append(entry["path"])
+        elif entry.get("event") == "audit-closed":
+            refused.append(AUDIT_CLOSED)
         elif entry.get("path"):
             (reads if entry.get("event") == "read" else refused).append(entry["path"])
     if signals:  # a signal to a process outside the kernel's own: the grader, nbgrader, a classmate
         refused.append(f"a signal to {some(list(dict.fromkeys(signals)))} outside its kernel")
     return landlock, list(dict.fromkeys(refused)), list(dict.fromkeys(reads))
+
+
+AUDIT_CLOSED = "the audit log: the kernel closed its pipe while it ran"
 
 
 def some(paths: Sequence[str]) -> str:
@@ -97,7 +102,9 @@ def write_notes(refused: Sequence[str], strays: Sequence[str], reads: Sequence[s
     and refused reads of the instructor's files."""
     notes = []
     signals = [r for r in refused if r.startswith("a signal to ")]
-    refused = [r for r in refused if r not in signals]
+    if AUDIT_CLOSED in refused:
+        notes.append("closed its audit log while the kernel ran: what it tried after that is not known")
+    refused = [r for r in refused if r not in signals and r != AUDIT_CLOSED]
     if refused:
         notes.append(f"tried to write outside its folder: {some(refused)} (refused)")
     if signals:

@@ -86,6 +86,34 @@ def private_mounts(tmp_mb: int, shm_mb: int, keep: list[str] | None = None,
     return kept
 
 
+# Top-level folders every process needs, left as they are; every other one is replaced by an empty
+# folder in the submission's namespace, with only the paths it must reach bound back (hide_machine).
+SYSTEM_TOP = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "proc", "sys", "dev", "tmp"})
+
+
+def hide_machine(read_only: list[str], writable: list[str]) -> list[str]:
+    """Replace every top-level folder of ``/`` but :data:`SYSTEM_TOP` (``/home``, ``/root``, ``/srv``,
+    ``/opt``, ``/var``, ``/mnt``, wherever a second clone of the course might be) with an empty
+    tmpfs, and bind back the paths the submission needs: ``read_only`` (this Python, gpulab) and
+    ``writable`` (the grading folder). A checkout of the course anywhere else on the machine is not
+    in the namespace at all. Returns the folders replaced."""
+    keep = sorted({os.path.realpath(p) for p in read_only + writable if os.path.exists(p)})
+    ro = {os.path.realpath(p) for p in read_only}
+    hidden = []
+    for name in sorted(os.listdir("/")):
+        top = "/" + name
+        if name in SYSTEM_TOP or os.path.islink(top) or not os.path.isdir(top) or top in keep:
+            continue
+        inside = [p for p in keep if _beneath(p, [top])]
+        inside = [p for p in inside if not _beneath(p, [q for q in inside if q != p])]  # outermost only
+        _cover(top, "size=1m,mode=0755", inside)
+        for path in inside:
+            if path in ro:
+                mount("none", path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | _locked_flags(path))
+        hidden.append(top)
+    return hidden
+
+
 def bind_over(pairs: list[tuple[str, str]]) -> None:
     """Bind each ``source`` read-only over ``target`` (a masked copy of a module over the module,
     :mod:`gpulab.course.mask`). A target that does not exist is skipped."""
@@ -236,6 +264,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="a path no kernel may read: shown empty where it lies in a kept folder (repeat)")
     p.add_argument("--expose", action="append", default=[],
                    help="a path the kernel's uid must reach through a closed folder (repeat)")
+    p.add_argument("--hide", action="store_true",
+                   help="hide every top-level folder but the system's, binding back --see and --see-rw paths")
+    p.add_argument("--see", action="append", default=[], help="a path to keep, read-only, under --hide (repeat)")
+    p.add_argument("--see-rw", action="append", default=[], help="a path to keep, writable, under --hide (repeat)")
     p.add_argument("--bind", action="append", default=[], metavar="SOURCE:TARGET",
                    help="bind SOURCE read-only over TARGET (a masked reference; repeat)")
     p.add_argument("--report", default=None, help="write what the submission left here (JSON, nsinit.report)")
@@ -252,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
                 fh.write("0")
         if not args.no_mounts:
             private_mounts(args.tmp_mb, args.shm_mb, args.keep, args.mask)
+            if args.hide:
+                hide_machine(args.see, args.see_rw)
             expose(args.expose)
             bind_over([tuple(b.split(":", 1)) for b in args.bind])
         loopback_up()

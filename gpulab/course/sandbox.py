@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpulab.course import integrity, isolation, links, readguard, scan
+from gpulab.course import integrity, isolation, links, readguard, scan, students
 from gpulab.course import notes as notes_mod
 from gpulab.course.limits import LabRun, Limits, SandboxResult  # noqa: F401 - re-exported: callers import them from here
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
@@ -52,6 +52,7 @@ c.Autograde.autograde_preprocessors = _gpulab_swap_execute(c.Autograde.get("auto
 c.JailedKernelManager.jail_args = {jail_args!r}
 c.JailedKernelManager.kernel_prefix = {kernel_prefix!r}
 c.JailedKernelManager.kernel_uid = {kernel_uid!r}
+c.JailedKernelManager.audit_log = {audit_log!r}
 c.SandboxedExecute.max_output_kb = {max_output_kb!r}
 c.SandboxedExecute.interrupt_grace = {grace}
 c.SandboxedExecute.clean_dir = {work!r}
@@ -134,13 +135,14 @@ def check_config(path: Path, jail_args: list[str], kernel_prefix: list[str] | No
 
 def prepare(course: Path, template_db: Path, specs: dict[str, integrity.NotebookSpec], lab: str, student: str,
             box: Path, limits: Limits, sub: isolation.Submission | None = None,
-            secrets: list[Path] | None = None, run: LabRun | None = None) -> list[str]:
+            secrets: list[Path] | None = None, run: LabRun | None = None, real: str | None = None) -> list[str]:
     """Build the isolated course for one submission; return integrity notes.
 
     Args:
         sub: the submission's OS isolation (its kernel's uid gets the kernel's folders).
         secrets: what no kernel may read, beyond the course (:func:`readguard.repository_secrets`).
         run: the lab's reference run and masks for this grading run.
+        real: the student's id in the course, when ``student`` is its alias (:mod:`gpulab.course.students`).
 
     Raises:
         integrity.UnreadableNotebook: a submitted notebook cannot be opened.
@@ -151,7 +153,7 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     shutil.copytree(course / "source" / lab, box / "source" / lab,
                     ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints", "__pycache__"))
     submitted = box / "submitted" / student / lab
-    skipped = links.copy_regular(course / "submitted" / student / lab, submitted, limits.max_notebook_mb * 2**20,
+    skipped = links.copy_regular(course / "submitted" / (real or student) / lab, submitted, limits.max_notebook_mb * 2**20,
                                  max_total=limits.max_submission_mb * 2**20)
     work = box / "autograded" / student / lab
     tmp = box / "tmp"
@@ -165,11 +167,13 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
         (box / "expected.json").chmod(0o600)
         if sub is not None:
             sub.binds = [(str(a), str(b)) for a, b in run.binds]
+    if sub is not None:
+        sub.visible = [str(box.parent.parent)]  # the grading folder; nothing else of the machine but the system
     private_tmp = sub is not None and sub.plan.namespaces
     if sub is not None and sub.uid is not None:
         _hand_over(box, student, sub)
     jail_args = ["--memory-mb", str(limits.memory_mb), "--memory-rlimit", limits.memory_rlimit,
-                 "--fsize-mb", str(limits.fsize_mb), "--audit-log", str(box / "writes.jsonl"),
+                 "--fsize-mb", str(limits.fsize_mb), "--audit-fd", "{audit_fd}",
                  "--home", str(tmp / "home"), "--oom-first"]
     own = [work, tmp] + ([Path("/tmp")] if private_tmp else [])  # /tmp: the submission's private tmpfs
     if limits.confine_writes:
@@ -187,6 +191,7 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     tail = _CONFIG_TAIL.format(root=str(box), db_url=f"sqlite:///{box / 'gradebook.db'}", jail_args=jail_args,
                                grace=limits.interrupt_grace_s, work=str(work), clean_log=str(box / "removed.txt"),
                                expected=str(box / "expected.json"), kernel_prefix=prefix,
+                               audit_log=str(box / "writes.jsonl"),
                                kernel_uid=sub.uid if sub is not None and sub.uid is not None else -1,
                                max_output_kb=limits.max_output_kb)
     if limits.cell_timeout_s is not None:
@@ -215,14 +220,23 @@ def _hand_over(box: Path, student: str, sub: isolation.Submission) -> None:
         d.chmod(0o711)
     for path in (box / "gradebook.db", box / "submitted", box / "source", box / "expected.json"):
         path.chmod(0o700 if path.is_dir() else 0o600)
-    sub.give(box / "tmp", box / "writes.jsonl")  # the kernel's own folder is handed over by nbgrader's side
+    sub.give(box / "tmp")  # the kernel's own folder is handed over by nbgrader's side
+
+
+# What of the grader's environment reaches nbgrader and the kernel: nothing else (tokens, cloud
+# credentials, whatever the instructor exported stay out). Locale and the GPU share are kept;
+# paths, caches and the thread counts are set below.
+ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_MESSAGES", "TZ", "TERM",
+               "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "PYTHONPATH", "VIRTUAL_ENV",
+               "KINETO_LOG_LEVEL")
 
 
 def _env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None = None) -> dict[str, str]:
-    """nbgrader's (and so the kernel's) environment: every cache in the grading copy; ``TMPDIR`` is
-    the private tmpfs ``/tmp`` when the submission has a mount namespace, else ``box/tmp``."""
+    """nbgrader's (and so the kernel's) environment, from an allow-list (:data:`ENV_ALLOWED`): every
+    cache and ``HOME`` in the grading copy; ``TMPDIR`` is the private tmpfs ``/tmp`` when the
+    submission has a mount namespace, else ``box/tmp``."""
     tmp = box / "tmp"
-    extra = {"GPULAB_SANDBOX": str(box), "TMPDIR": "/tmp" if private_tmp else str(tmp),
+    extra = {"GPULAB_SANDBOX": str(box), "HOME": str(tmp / "home"), "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp" if private_tmp else str(tmp),
              "MPLCONFIGDIR": str(tmp / "matplotlib"),
              "IPYTHONDIR": str(tmp / "ipython"), "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
              # the grader's home may be hidden in the submission's namespace (nsinit.expose): the
@@ -239,7 +253,9 @@ def _env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None 
         extra["GPULAB_SEED"] = str(seed)
     if limits.threads:
         extra.update(OMP_NUM_THREADS=str(limits.threads), MKL_NUM_THREADS=str(limits.threads))
-    return nbgrader_env(extra)
+    env = {k: v for k, v in nbgrader_env().items() if k in ENV_ALLOWED}
+    env.update(extra)
+    return env
 
 
 def run_autograde(box: Path, lab: str, student: str, limits: Limits,
@@ -252,7 +268,7 @@ def run_autograde(box: Path, lab: str, student: str, limits: Limits,
         (exit status or None when killed, whether the wall-clock limit was hit).
     """
     private_tmp = sub is not None and sub.plan.namespaces
-    cmd = nbgrader_command() + ["autograde", lab, "--student", student, "--force"]
+    cmd = nbgrader_command() + ["autograde", lab, f"--student={student}", "--force"]
     if limits.confine_writes:
         # nbgrader itself writes only in the grading copy: a link the kernel left cannot carry its
         # writes into the course (Landlock; without it, links.remove_unsafe is the only guard)
@@ -282,12 +298,13 @@ def run_autograde(box: Path, lab: str, student: str, limits: Limits,
                 kill_marked(str(box))  # no PID namespace, no cgroup: the environment marker is all there is
 
 
-def read_scores(result: SandboxResult, db_url: str) -> None:
-    """Copy the auto scores, comments, penalties and timestamp nbgrader saved into ``result``."""
+def read_scores(result: SandboxResult, db_url: str, student: str | None = None) -> None:
+    """Copy the auto scores, comments, penalties and timestamp nbgrader saved into ``result``
+    (``student``: the name it was graded under, when that is an alias)."""
     from nbgrader.api import Gradebook
 
     with Gradebook(db_url, course_id="") as gb:
-        sub = gb.find_submission(result.lab, result.student)
+        sub = gb.find_submission(result.lab, student or result.student)
         result.timestamp = sub.timestamp
         for nb in sub.notebooks:
             result.late_penalties[nb.name] = nb.late_submission_penalty
@@ -310,12 +327,13 @@ def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity
     """
     t0 = time.perf_counter()
     result = SandboxResult(student, lab, log=box / "nbgrader.log")
+    real, student = student, students.alias(student)  # nbgrader sees only the alias
     sub = None
     if plan is not None:
         sub = isolation.Submission(plan, limits.pids_max, limits.cgroup_memory_mb(), limits.tmp_mb, limits.shm_mb)
     try:
         try:
-            result.notes += prepare(course, template_db, specs, lab, student, box, limits, sub, secrets, run)
+            result.notes += prepare(course, template_db, specs, lab, student, box, limits, sub, secrets, run, real)
         except integrity.UnreadableNotebook as err:
             result.status, result.notes = "unreadable", [str(err)]
             return result
@@ -375,6 +393,6 @@ def _collect(result: SandboxResult, box: Path, student: str, lab: str, specs: di
         return result
     for nb in notebooks:
         result.notes += notes_mod.output_notes(nb, limits.cell_timeout_s, limits.memory_mb)
-    read_scores(result, f"sqlite:///{box / 'gradebook.db'}")
+    read_scores(result, f"sqlite:///{box / 'gradebook.db'}", student)
     result.autograded = work
     return result

@@ -1,0 +1,149 @@
+"""Copies a human should look at: answer cells close to gpulab's reference, to the course's solution,
+or to a classmate's, by winnowing (as MOSS does; the ``copydetect`` package).
+
+A submission that calls gpulab's reference fails (it is masked while grading); one that pastes the
+reference, or the course's solution, or a classmate's answer, produces correct evidence, and no
+verdict can tell. So after a lab is graded, every answer cell (a code cell the student writes in,
+``solution`` in nbgrader's metadata) is fingerprinted, with names and comments filtered out and
+the release copy's scaffolding (the stub, its signature and docstring) as boilerplate, and
+compared with:
+
+- the source of each reference of the lab (``REFERENCES``) and the same cell of the source
+  notebook (the course's solution);
+- the same cell of every classmate's submission.
+
+A pair is noted in both rows of ``grades.csv`` when the overlap is long enough to mean something
+(:data:`MIN_OVERLAP` characters after filtering) and covers most of the student's cell
+(:data:`THRESHOLD`). A note is not a verdict: short cells are written alike by honest students, and
+a determined student can rewrite code past any fingerprint. The threat model says what is left to
+a human.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Iterable
+
+import nbformat
+
+from gpulab.course.students import shown
+
+THRESHOLD = 0.8      # the share of the student's (filtered) cell found in the other
+MIN_OVERLAP = 120    # characters of filtered code in common, at least
+NOISE, GUARANTEE = 25, 30  # copydetect's noise and guarantee thresholds (MOSS's k and window)
+
+
+@dataclass(frozen=True)
+class Match:
+    """One answer cell found in another text."""
+
+    cell: str
+    other: str          # "gpulab's reference <name>", "the course's solution", "student <id>'s answer"
+    share: float        # of the student's cell
+    overlap: int        # filtered characters in common
+
+    def note(self) -> str:
+        return (f"cell {self.cell} is {100 * self.share:.0f}% the same as {self.other} "
+                f"({self.overlap} characters of code in common after names are ignored)")
+
+
+def answer_cells(nb: nbformat.NotebookNode) -> dict[str, str]:
+    """``grade_id -> source`` of the code cells a student writes in."""
+    out = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") == "code" and meta.get("solution") and meta.get("grade_id"):
+            out[meta["grade_id"]] = cell.get("source", "")
+    return out
+
+
+def _fingerprint(name: str, text: str, boilerplate: Any = None) -> Any:
+    from copydetect import CodeFingerprint
+
+    return CodeFingerprint(f"{name}.py", NOISE, GUARANTEE - NOISE + 1, boilerplate=boilerplate, language="python",
+                           fp=io.StringIO(text))
+
+
+def _compare(a: Any, b: Any) -> tuple[int, float, float]:
+    from copydetect import compare_files
+
+    overlap, (share_a, share_b), _ = compare_files(a, b)
+    return int(overlap), float(share_a), float(share_b)
+
+
+def _boilerplate(release: dict[str, str], cell: str) -> Any:
+    text = release.get(cell, "")
+    if not text.strip():
+        return None
+    import numpy as np
+
+    return np.array(sorted(_fingerprint("release", text).hashes), dtype=np.int64)
+
+
+def reference_sources(references: Iterable[Any]) -> dict[str, str]:
+    """``"gpulab's reference <dotted name>" -> source`` of each reference that has one."""
+    out = {}
+    for ref in references:
+        obj = getattr(ref, "__func__", ref)
+        try:
+            out[f"gpulab's reference {obj.__module__}.{obj.__qualname__}"] = inspect.getsource(obj)
+        except (OSError, TypeError):
+            continue
+    return out
+
+
+def find_copies(submissions: dict[str, dict[str, str]], release: dict[str, str], solution: dict[str, str],
+                references: dict[str, str]) -> dict[str, list[Match]]:
+    """For each student, the answer cells found in a reference, the solution or a classmate's.
+
+    Args:
+        submissions: student -> their answer cells (:func:`answer_cells`).
+        release: the release copy's cells (scaffolding every student starts from).
+        solution: the source notebook's cells.
+        references: :func:`reference_sources`.
+    """
+    found: dict[str, list[Match]] = {s: [] for s in submissions}
+    cells = sorted({c for cells in submissions.values() for c in cells})
+    for cell in cells:
+        boiler = _boilerplate(release, cell)
+        prints = {s: _fingerprint(s, cells_[cell], boiler) for s, cells_ in submissions.items()
+                  if cells_.get(cell, "").strip() and cells_[cell].strip() != release.get(cell, "").strip()}
+        known = dict(references)
+        if solution.get(cell, "").strip():
+            known["the course's solution"] = solution[cell]
+        known_prints = {name: _fingerprint("known", text, boiler) for name, text in known.items()}
+        for student, fp in prints.items():
+            for name, other in known_prints.items():
+                overlap, share, _ = _compare(fp, other)
+                if overlap >= MIN_OVERLAP and share >= THRESHOLD:
+                    found[student].append(Match(cell, name, share, overlap))
+        for a, b in combinations(sorted(prints), 2):
+            overlap, share_a, share_b = _compare(prints[a], prints[b])
+            if overlap >= MIN_OVERLAP and min(share_a, share_b) >= THRESHOLD:
+                found[a].append(Match(cell, f"student {shown(b)}'s answer", share_a, overlap))
+                found[b].append(Match(cell, f"student {shown(a)}'s answer", share_b, overlap))
+    return found
+
+
+def lab_copies(course: Path, lab: str, students: list[str], references: Iterable[Any]) -> dict[str, list[Match]]:
+    """:func:`find_copies` for one lab of the course: its submissions, release and source notebooks."""
+    from gpulab.course.links import read_regular
+
+    def cells_of(path: Path) -> dict[str, str]:
+        try:
+            return answer_cells(nbformat.reads(read_regular(path, 100 * 2**20).decode("utf-8"), as_version=4))
+        except Exception:  # noqa: BLE001 - an unreadable notebook has no cells to compare (grading noted it)
+            return {}
+
+    source = course / "source" / lab
+    out: dict[str, list[Match]] = {s: [] for s in students}
+    for nb in sorted(source.glob("*.ipynb")):
+        subs = {s: cells_of(course / "submitted" / s / lab / nb.name) for s in students}
+        release = cells_of(course / "release" / lab / nb.name)
+        for student, matches in find_copies(subs, release, cells_of(nb), reference_sources(references)).items():
+            out[student] += matches
+    return out

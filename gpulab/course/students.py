@@ -1,0 +1,40 @@
+"""Student ids as they come (an LMS export, the exchange), made safe where the grader uses them.
+
+An id is a folder name under ``submitted/``, and nbgrader reads it as a command-line value and a
+glob pattern: an id that starts with ``-`` is taken for an option, one with ``*`` or ``[`` matches
+other students' folders, and a newline breaks a log line. A spreadsheet reads a cell that starts
+with ``=``, ``+``, ``-`` or ``@`` as a formula. So the grader never passes an id to nbgrader as it
+is: each submission is graded inside its grading copy under :func:`alias` (the id itself when it is
+plain, else a name derived from it), and written back under the real id; ``grades.csv`` escapes
+formula prefixes (:func:`csv_cell`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}\Z")
+FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def plain(student: str) -> bool:
+    """Whether ``student`` can be given to nbgrader as it is."""
+    return bool(PLAIN.match(student)) and ".." not in student
+
+
+def alias(student: str) -> str:
+    """The name a submission is graded under in its grading copy (the id itself when plain)."""
+    if plain(student):
+        return student
+    return "student-" + hashlib.sha256(student.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def csv_cell(text: str) -> str:
+    """``text`` as a spreadsheet will show it, never run it (OWASP's CSV injection advice: a leading ')."""
+    return "'" + text if text.startswith(FORMULA) else text
+
+
+def shown(student: str) -> str:
+    """The id on one line (for a table or a log)."""
+    return student if plain(student) else repr(student)
