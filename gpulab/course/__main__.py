@@ -96,13 +96,14 @@ def _feedback(args: argparse.Namespace) -> int:
 
     status = 0
     for lab, r in feedback(args.course, args.lab).items():
-        leaked = len(r["leaks"])
         print(f"feedback {lab}: {r['pages']} page(s) in {Path(args.course) / 'feedback'}, "
               f"{r['notes']} note page(s) for ungraded submissions" + (f"; {r['error']}" if r["error"] else ""))
-        if leaked:
-            status = 1
-            print(f"  {leaked} page(s) showed hidden tests and were DELETED: "
-                  "add HideHiddenTests to c.GenerateFeedback.preprocessors (see docs/instructor.md)", file=sys.stderr)
+        for student, why in r["failed"].items():
+            print(f"  {student}: no notebook page ({why}); a page with this note was written instead", file=sys.stderr)
+        if r["leaks"]:
+            print(f"  {len(r['leaks'])} page(s) showed hidden tests and were WITHHELD (replaced by a note asking the "
+                  "student to ask you); check HideHiddenTests is in c.GenerateFeedback.preprocessors "
+                  "(docs/instructor.md)", file=sys.stderr)
             for page, lines in r["leaks"].items():
                 print(f"    {page}: {lines[0]!r}", file=sys.stderr)
         if r["error"] and not r["pages"]:

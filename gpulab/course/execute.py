@@ -52,6 +52,8 @@ TIMEOUT = "CellTimeoutError"
 VERDICT = "GradingError"
 # Written into a cell whose output passed the cap; gpulab.course.notes turns it into a note.
 OUTPUT_CAPPED = "[gpulab grader: output past the cap was dropped:"
+# Opens the line of clean_log that says the kernel filled its folder (gpulab.course.sandbox reads it).
+FULL = "[full]"
 MAX_RECORDS = 5000               # evidence records per cell
 MAX_EVIDENCE_BYTES = 256 * 2**20  # evidence per cell
 
@@ -94,6 +96,7 @@ class SandboxedExecute(Execute):
 
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> tuple[NotebookNode, Any]:
         self._stopped = None
+        initial = set(os.listdir(self.clean_dir)) if self.clean_dir and os.path.isdir(self.clean_dir) else set()
         self._notebook = ((resources or {}).get("unique_key") or "").rsplit("/", 1)[-1] or \
             (resources or {}).get("metadata", {}).get("name", "")
         if self.mode == "graded" and self.expected:
@@ -108,6 +111,8 @@ class SandboxedExecute(Execute):
                 kill_marked(marker)
             if self.clean_dir:
                 removed = links.remove_unsafe(self.clean_dir)
+                freed = _make_room(self.clean_dir, initial)
+                removed += [f"{FULL} {len(freed)} entries it created ({', '.join(freed[:3])})"] if freed else []
                 if removed and self.clean_log:
                     with open(self.clean_log, "a") as log:
                         log.writelines(f"{entry}\n" for entry in removed)
@@ -283,8 +288,9 @@ class SandboxedExecute(Execute):
                 kept.append(out)
             else:
                 kept.append(out)
-        if figures:
-            kept.append(NotebookNode(output_type="stream", name="stdout", text="".join(f"{f}\n" for f in figures)))
+        if figures:  # the grader's own outputs are marked: the feedback keeps them (gpulab.course.feedback)
+            kept.append(NotebookNode(output_type="display_data", metadata={"gpulab": "verdict"},
+                                     data={"text/plain": "".join(f"{f}\n" for f in figures)}))
         if not passed:
             kept.insert(0, error_output(VERDICT, message or "failed"))
         cell.outputs = kept
@@ -385,6 +391,32 @@ class SandboxedExecute(Execute):
                 proc.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def _make_room(folder: str, keep: set[str]) -> list[str]:
+    """When the kernel filled its folder (a disk of its own, ``nsinit --quota``), remove what it
+    created there so that nbgrader can still save the graded notebook; returns what was removed."""
+    import shutil
+
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return []
+    full = st.f_bavail < 0.05 * st.f_blocks or (st.f_files and st.f_favail < 0.05 * st.f_files)
+    if not full:
+        return []
+    removed = []
+    for name in sorted(set(os.listdir(folder)) - keep)[:100_000]:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+        removed.append(name)
+    return removed
 
 
 def _size(content: Any) -> int:

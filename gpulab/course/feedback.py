@@ -3,15 +3,23 @@
     python -m gpulab.course feedback --course notebooks [--lab 00_setup]
 
 nbgrader's ``generate_feedback`` renders the *autograded* notebook, and autograde has put the
-hidden tests back into every test cell: out of the box the feedback shows them, and the
-traceback of a failing hidden test shows the failing line too. Two layers stop that:
+hidden tests back into every test cell: out of the box the feedback shows them, and anything the
+kernel printed after a test cell ran (IPython's ``In`` history, encoded) can quote them. Layers:
 
 1. :class:`HideHiddenTests`, in ``c.GenerateFeedback.preprocessors`` (``nbgrader_config.py``,
    so formgrader's "generate feedback" button uses it too), deletes each hidden region with
-   nbgrader's own ``ClearHiddenTests`` code and cuts the traceback of an error in such a cell
-   down to its last line (``GradingError: <the message written for the student>``).
-2. :func:`feedback` then reads every HTML file it wrote as text and looks for each line of each
-   hidden region; a file that still shows one is deleted and reported, never released.
+   nbgrader's own ``ClearHiddenTests`` code. A test cell keeps only what the grader wrote there
+   (the verdict, the timed figures: :mod:`gpulab.course.execute`), never what the kernel printed.
+   Every other output is checked line by line against the instructor's lines, also after
+   decoding base64, hex, zlib and rot13 and unescaping string reprs (:func:`shows`); an output
+   that shows one is replaced by :data:`REDACTED`.
+2. :func:`feedback` then reads every HTML page it wrote and checks it the same way; a page that
+   still shows a hidden line is replaced by a short note (never released as it was), and the
+   run goes on.
+3. One notebook that nbgrader cannot render (malformed, hostile, nested too deep) gets a page of
+   its own with a note; the class's other pages are rendered one by one if the batch fails.
+
+A line the student wrote in their own submission is never a secret on their own page.
 
 A student whose submission could not be graded at all (not JSON, wall-clock limit) gets a short
 page with the note from ``grades.csv`` instead of a notebook.
@@ -20,6 +28,7 @@ page with the note from ``grades.csv`` instead of a notebook.
 from __future__ import annotations
 
 import csv
+import glob
 import html
 import json
 import re
@@ -66,18 +75,77 @@ def secret_lines(specs: dict[str, integrity.NotebookSpec], source_dir: Path | No
     return lines
 
 
-def redact(text: str, lines: set[str]) -> str:
-    """``text`` with every line that shows one of ``lines`` replaced by :data:`REDACTED`."""
-    if not lines or not text:
-        return text
-    out = []
-    for line in text.splitlines(keepends=True):
-        norm = re.sub(r"\s+", " ", _ANSI.sub("", line))
-        out.append(REDACTED + "\n" if any(secret in norm for secret in lines) else line)
-    return "".join(out)
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_DECOR = " \t'\"`,;()[]{}<>|#>:.\\"  # what a print, a repr or a prompt puts around a line
+_B64 = re.compile(r"[A-Za-z0-9+/_-]{24,}={0,2}")
+_HEX = re.compile(r"\b(?:[0-9a-fA-F]{2}){16,}\b")
+
+
+def norm(line: str) -> str:
+    """A line as it is compared: no colour codes, decoration stripped, whitespace collapsed."""
+    return re.sub(r"\s+", " ", _ANSI.sub("", line)).strip(_DECOR)
+
+
+def _decodings(text: str, depth: int = 0) -> list[str]:
+    """``text``, its string escapes undone (a repr of ``In``), and what its base64, hex, zlib and
+    rot13 runs decode to (twice over, for an encoding of an encoding)."""
+    import base64
+    import binascii
+    import codecs
+    import zlib
+
+    def unescaped(t: str) -> list[str]:
+        if "\\n" not in t and "\\'" not in t:
+            return [t]
+        return [t, t.replace("\\n", "\n").replace("\\'", "'").replace('\\"', '"').replace("\\\\", "\\")]
+
+    out = unescaped(text) + unescaped(codecs.encode(text, "rot13"))
+    if depth >= 2:
+        return out
+    blobs = []
+    for run in _B64.findall(text)[:200]:
+        for decode in (base64.b64decode, base64.urlsafe_b64decode):
+            try:
+                blobs.append(decode(run + "=" * (-len(run) % 4)))
+                break
+            except (binascii.Error, ValueError):
+                continue
+    for run in _HEX.findall(text)[:200]:
+        blobs.append(bytes.fromhex(run))
+    for blob in blobs:
+        for data in (blob, _inflate(blob, zlib)):
+            if data:
+                out += _decodings(data.decode("utf-8", "replace"), depth + 1)
+    return out
+
+
+def _inflate(blob: bytes, zlib) -> bytes | None:  # noqa: ANN001 - the module
+    try:
+        return zlib.decompressobj().decompress(blob, 1 << 24)
+    except zlib.error:
+        return None
+
+
+def shows(text: str, secrets: set[str], own: set[str] = frozenset()) -> list[str]:
+    """The lines of ``secrets`` that ``text`` shows: a whole line of it, or of one of its decodings,
+    equal to a secret line once both are normalised (:func:`norm`); lines in ``own`` (what the
+    student handed in) do not count."""
+    if not secrets or not text:
+        return []
+    mine = {norm(s) for s in own}
+    wanted = {norm(s): s for s in secrets if norm(s) and norm(s) not in mine}
+    found = set()
+    for variant in _decodings(text[: 8 * 2**20]):
+        for line in variant.splitlines():
+            n = norm(line)
+            if n in wanted:
+                found.add(wanted[n])
+    return sorted(found)
+
+
+def redact(text: str, lines: set[str], own: set[str] = frozenset()) -> str:
+    """``text``, or :data:`REDACTED` when it shows one of ``lines`` (:func:`shows`)."""
+    return REDACTED + "\n" if shows(text, lines, own) else text
 
 
 class HideHiddenTests(ClearHiddenTests):
@@ -92,6 +160,7 @@ class HideHiddenTests(ClearHiddenTests):
 
         info = (resources or {}).get("nbgrader", {})
         self._secrets: set[str] = set()
+        self._own: set[str] = set()
         lab = info.get("assignment")
         if lab:
             url = info.get("db_url") or db_url(Path.cwd())
@@ -100,6 +169,9 @@ class HideHiddenTests(ClearHiddenTests):
             except Exception:  # noqa: BLE001 - no gradebook entry: the hidden regions are still cut below
                 specs = {}
             self._secrets = secret_lines(specs, Path.cwd() / "source" / lab)
+            student = info.get("student")
+            if student:
+                self._own = submitted_lines(Path.cwd() / "submitted" / student / lab)
         return super().preprocess(nb, resources)
 
     def preprocess_cell(self, cell: NotebookNode, resources: Any, index: int) -> tuple[NotebookNode, Any]:
@@ -112,26 +184,29 @@ class HideHiddenTests(ClearHiddenTests):
             return cell, resources
         meta = cell.metadata.get("nbgrader", {})
         test = removed or (bool(meta.get("grade")) and not meta.get("solution"))
-        secrets = getattr(self, "_secrets", set())
+        secrets, own = getattr(self, "_secrets", set()), getattr(self, "_own", set())
         kept = []
         for out in cell.get("outputs", []):
             kind = out.get("output_type")
-            if test and kind == "stream":
-                continue  # what the student's code printed while the tests ran
+            if test and kind != "error" and not out.get("metadata", {}).get("gpulab"):
+                continue  # what the student's code showed while the tests ran; the grader's own outputs stay
             if kind == "error":
-                out["evalue"] = redact(str(out.get("evalue", "")), secrets)
+                out["evalue"] = redact(str(out.get("evalue", "")), secrets, own)
                 if test:
                     out["traceback"] = [f"{out.get('ename', 'Error')}: {out['evalue']}",
                                         "(the traceback is not shown: this is a test cell)"]
                 else:
-                    out["traceback"] = [redact(str(t), secrets) for t in out.get("traceback", [])]
+                    out["traceback"] = [redact(str(t), secrets, own) for t in out.get("traceback", [])]
             elif kind == "stream":
-                out["text"] = redact(str(out.get("text", "")), secrets)
+                out["text"] = redact(str(out.get("text", "")), secrets, own)
             elif kind in ("execute_result", "display_data"):
                 data = out.get("data", {})
                 for mime in list(data):
-                    if mime.startswith("text/") or mime.endswith(("json", "javascript")):
-                        data[mime] = redact(data[mime] if isinstance(data[mime], str) else "".join(data[mime]), secrets)
+                    value = data[mime] if isinstance(data[mime], str) else "".join(map(str, data[mime])) \
+                        if isinstance(data[mime], list) else str(data[mime])
+                    if shows(value, secrets, own):  # any type: an image's base64 too
+                        out["data"] = {"text/plain": REDACTED}
+                        break
             kept.append(out)
         cell.outputs = kept
         return cell, resources
@@ -145,13 +220,26 @@ class _Text(HTMLParser):
     def handle_data(self, data: str) -> None:
         self.parts.append(data)
 
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag in _BLOCKS:
+            self.parts.append("\n")
 
-def html_text(page: str) -> str:
-    """The visible text of an HTML page, whitespace collapsed (code is split into many spans by
-    syntax highlighting, so searching the raw HTML for a line of code finds nothing)."""
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _BLOCKS:
+            self.parts.append("\n")
+
+
+_BLOCKS = {"div", "pre", "p", "br", "tr", "li", "h1", "h2", "h3", "h4", "h5", "h6", "table", "section"}
+
+
+def html_text(page: str, lines: bool = False) -> str:
+    """The visible text of an HTML page (code is split into many spans by syntax highlighting, so
+    searching the raw HTML for a line of code finds nothing): whitespace collapsed, or with
+    ``lines`` its line breaks kept."""
     parser = _Text()
     parser.feed(page)
-    return re.sub(r"\s+", " ", html.unescape("".join(parser.parts)))
+    text = html.unescape("".join(parser.parts))
+    return text if lines else re.sub(r"\s+", " ", text)
 
 
 def hidden_lines(specs: dict[str, integrity.NotebookSpec], min_chars: int = 12) -> set[str]:
@@ -171,10 +259,9 @@ def hidden_lines(specs: dict[str, integrity.NotebookSpec], min_chars: int = 12) 
     return {ln for ln in hidden - visible if len(ln) >= min_chars}
 
 
-def leaks(page: str, lines: set[str]) -> list[str]:
-    """The hidden lines that ``page`` (HTML) shows."""
-    text = html_text(page)
-    return sorted(ln for ln in lines if ln in text)
+def leaks(page: str, lines: set[str], own: set[str] = frozenset()) -> list[str]:
+    """The hidden lines that ``page`` (HTML) shows, line by line and decoded (:func:`shows`)."""
+    return shows(html_text(page, lines=True), lines, own)
 
 
 def submitted_lines(folder: Path, max_bytes: int = 100 * 2**20) -> set[str]:
@@ -215,11 +302,50 @@ def _note_pages(course: Path, lab: str, notebooks: list[str]) -> int:
     return written
 
 
+WITHHELD = ("<!DOCTYPE html><html><body><h1>{lab}</h1><p>This feedback page was withheld: it showed part of "
+            "the course's hidden tests. Ask your instructor for your feedback.</p></body></html>\n")
+
+
+def readable(path: Path, max_bytes: int = 100 * 2**20) -> str | None:
+    """Why nbgrader cannot be trusted to render ``path`` (not a regular file, too big, not JSON,
+    nested too deep, not a notebook), or None."""
+    data = read_regular(path, max_bytes)
+    if data is None:
+        return "not a regular file of at most 100 MiB"
+    try:
+        nbformat.reads(data.decode("utf-8"), as_version=4)
+    except RecursionError:
+        return "nested too deeply to read"
+    except Exception as err:  # noqa: BLE001 - any other reason is a reason too
+        return f"not a notebook ({type(err).__name__})"
+    return None
+
+
+def _render(course: Path, lab: str, student: str | None) -> str | None:
+    """nbgrader's generate_feedback for the lab (one student, or all); why it failed, or None."""
+    args = ["generate_feedback", lab, "--force"]
+    if student is not None:
+        args.append(f"--student={glob.escape(student)}")
+    proc = nbgrader(course, *args)
+    if proc.returncode != 0:
+        return ((proc.stderr or proc.stdout).strip().splitlines() or ["no output"])[-1][-300:]
+    return None
+
+
+def _unrenderable_page(course: Path, lab: str, student: str, notebooks: list[str], why: str) -> None:
+    out = course / "feedback" / student / lab
+    out.mkdir(parents=True, exist_ok=True)
+    body = f"<h1>{html.escape(lab)}</h1><p>Your graded notebook could not be shown here: {html.escape(why)}.</p>"
+    for name in notebooks:
+        (out / f"{name}.html").write_text(f"<!DOCTYPE html><html><body>{body}</body></html>\n")
+
+
 def feedback(course: str | Path, lab: str | None = None) -> dict[str, dict[str, Any]]:
     """``nbgrader generate_feedback`` for each lab, then a leak check of every page.
 
     Returns:
-        {lab: {"pages": n, "notes": n, "leaks": {html_path: [hidden lines]}, "error": str | None}}
+        {lab: {"pages": n, "notes": n, "leaks": {html_path: [hidden lines]}, "failed": {student: why},
+        "error": str | None}}; a page that leaked was replaced by a note (:data:`WITHHELD`).
     """
     from gpulab.course.gradebook import db_url
 
@@ -227,21 +353,34 @@ def feedback(course: str | Path, lab: str | None = None) -> dict[str, dict[str, 
     labs = [lab] if lab else find_labs(course)
     report: dict[str, dict[str, Any]] = {}
     for name in labs:
-        entry: dict[str, Any] = {"pages": 0, "notes": 0, "leaks": {}, "error": None}
+        entry: dict[str, Any] = {"pages": 0, "notes": 0, "leaks": {}, "failed": {}, "error": None}
         report[name] = entry
-        if not (course / "autograded").is_dir() or not any((course / "autograded").glob(f"*/{name}")):
+        students = sorted(p.parent.name for p in (course / "autograded").glob(f"*/{name}") if p.is_dir()) \
+            if (course / "autograded").is_dir() else []
+        if not students:
             entry["error"] = "nothing autograded yet: run `make grade` first"
             continue
-        proc = nbgrader(course, "generate_feedback", name, "--force")
-        if proc.returncode != 0:
-            entry["error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1][-300:]
         specs = integrity.lab_spec(db_url(course), name)
+        bad = {}
+        for student in students:
+            for nb in sorted((course / "autograded" / student / name).glob("*.ipynb")):
+                why = readable(nb)
+                if why:
+                    bad[student] = f"{nb.name} is {why}"
+        if not bad and _render(course, name, None) is None:
+            pass
+        else:  # one page at a time: one notebook nbgrader cannot render must not cost the class its pages
+            for student in students:
+                why = bad.get(student) or _render(course, name, student)
+                if why:
+                    entry["failed"][student] = why
+                    _unrenderable_page(course, name, student, sorted(specs), why)
         lines = hidden_lines(specs)  # (solutions are no secret on the page: a student's own code may match them)
         for page in sorted(course.glob(f"feedback/*/{name}/*.html")):
             student = page.parent.parent.name
-            found = leaks(page.read_text(errors="replace"), lines - submitted_lines(course / "submitted" / student / name))
+            found = leaks(page.read_text(errors="replace"), lines, submitted_lines(course / "submitted" / student / name))
             if found:
-                page.unlink()  # never leave a page with hidden tests where release_feedback would find it
+                page.write_text(WITHHELD.format(lab=html.escape(name)))  # never released as it was
                 entry["leaks"][str(page)] = found
             else:
                 entry["pages"] += 1

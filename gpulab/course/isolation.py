@@ -265,6 +265,8 @@ class Submission:
     masks: list[str] = field(default_factory=list)  # what no kernel may read (nsinit --mask)
     binds: list[tuple[str, str]] = field(default_factory=list)  # masked references over the originals (nsinit --bind)
     visible: list[str] = field(default_factory=list)  # writable paths kept when the machine is hidden (the grading folder)
+    quotas: list[str] = field(default_factory=list)  # FOLDER:MIB:FILES for nsinit --quota
+    copy_back: list[str] = field(default_factory=list)  # the quota folders nbgrader's results are read from
 
     def __post_init__(self) -> None:
         sup = self.plan.cgroups
@@ -286,6 +288,8 @@ class Submission:
             init += ["--report", str(report)]
         init += [a for p in self.masks for a in ("--mask", p)]
         init += [a for src, dst in self.binds for a in ("--bind", f"{src}:{dst}")]
+        init += [a for q in self.quotas for a in ("--quota", q)]
+        init += [a for b in self.copy_back for a in ("--copy-back", b)]
         if self.visible:  # the rest of the machine (homes, other clones of the course) is not in the namespace
             init += ["--hide", *[a for p in paths for a in ("--see", p)], *[a for p in self.visible for a in ("--see-rw", p)]]
         if self.uid is not None:  # the kernel's uid must reach this Python, even under a closed home folder

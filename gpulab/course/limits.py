@@ -32,6 +32,9 @@ class Limits:
             The cgroup's memory cap is ``memory_mb`` + both + :data:`NBGRADER_MB`.
         max_output_kb: output kept per cell (text, images), KiB; the rest is dropped and noted.
         max_submission_mb: the most bytes copied from one submission folder, MiB.
+        disk_mb, files_max: what a submission may write in each of its two folders (the
+            kernel's folder and its temp folder): size-capped tmpfs of their own, so a full disk
+            or table of files is the submission's alone.
         allow_weaker: grade even where an OS protection is missing
             (:mod:`gpulab.course.isolation`); each row then names what was off.
     """
@@ -51,6 +54,8 @@ class Limits:
     shm_mb: int = 1024
     max_output_kb: int = 1024
     max_submission_mb: int = 300
+    disk_mb: int = 1024
+    files_max: int = 100_000
     allow_weaker: bool = False
 
     def __post_init__(self) -> None:
@@ -70,12 +75,15 @@ class Limits:
             raise ValueError(f"pids_max={self.pids_max}: a kernel with torch's threads needs at least 64 tasks")
         if min(self.tmp_mb, self.shm_mb) < 16:
             raise ValueError(f"tmp_mb={self.tmp_mb}, shm_mb={self.shm_mb}: give /tmp and /dev/shm at least 16 MiB each")
+        if self.disk_mb < 64 or self.files_max < 1000:
+            raise ValueError(f"disk_mb={self.disk_mb}, files_max={self.files_max}: give each submission at least "
+                             "64 MiB and 1000 files to write")
         if self.max_output_kb < 16:
             raise ValueError(f"max_output_kb={self.max_output_kb}: keep at least 16 KiB of output per cell")
 
     def cgroup_memory_mb(self) -> int:
         """The memory cap of the submission's whole cgroup (0: none)."""
-        return self.memory_mb + self.tmp_mb + self.shm_mb + NBGRADER_MB if self.memory_mb else 0
+        return self.memory_mb + self.tmp_mb + self.shm_mb + 2 * self.disk_mb + NBGRADER_MB if self.memory_mb else 0
 
 
 # What nbgrader itself may take beside the kernel (it holds the notebook and its outputs).

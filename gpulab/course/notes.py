@@ -147,6 +147,16 @@ def isolation_notes(peaks: dict[str, int | None], pids_max: int, memory_mb: int,
         used = left.get(key) or 0
         if cap and used >= 0.9 * cap:
             notes.append(f"filled its private {name} ({used:.0f} of {cap} MiB); it was removed with the submission")
+    for folder, q in (left.get("quota") or {}).items():
+        kind = "autograded" if "/autograded/" in folder else "temp"
+        if q.get("cap_mb") and q.get("used_mb", 0) >= 0.9 * q["cap_mb"]:
+            notes.append(f"filled its {kind} folder ({q['used_mb']:.0f} of {q['cap_mb']} MiB, a disk of its own); "
+                         "its files there were not kept")
+        elif q.get("cap_files") and q.get("files", 0) >= 0.9 * q["cap_files"]:
+            notes.append(f"created {q['files']} files in its {kind} folder (the cap is {q['cap_files']}); "
+                         "its files there were not kept")
+        if q.get("copy_error"):
+            notes.append(f"its autograded notebook could not be copied out of its folder: {q['copy_error'][:200]}")
     if left.get("left_running"):
         names = list(dict.fromkeys(left["left_running"]))
         notes.append(f"{len(left['left_running'])} process(es) it started outlived its kernel ({some(names)}); "

@@ -31,7 +31,7 @@ import signal
 import socket
 import struct
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 # include/uapi/linux/mount.h
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
@@ -114,6 +114,77 @@ def hide_machine(read_only: list[str], writable: list[str]) -> list[str]:
     return hidden
 
 
+def quota_mounts(specs: list[str]) -> list[tuple[str, int, dict[str, int]]]:
+    """A size- and file-capped tmpfs over each folder of ``specs`` (``FOLDER:MIB:FILES``), with what
+    the folder held copied in (owners and modes kept): what a submission writes there counts
+    against its own cap, never against the grading disk its classmates share. Returns, for
+    :func:`copy_out`, each folder, an ``O_PATH`` descriptor of what lies beneath the mount, and the
+    caps."""
+    out = []
+    for spec in specs:
+        folder, mib, files = spec.rsplit(":", 2)
+        st = os.stat(folder)
+        under = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(mib)}m,nr_inodes={int(files)},mode=0711")
+        os.chmod(folder, st.st_mode & 0o7777)
+        _chown(folder, st)
+        _copy_tree(f"/proc/self/fd/{under}", folder)
+        out.append((folder, under, {"mib": int(mib), "files": int(files)}))
+    return out
+
+
+def _chown(path: str, st: os.stat_result) -> None:
+    try:
+        os.chown(path, st.st_uid, st.st_gid, follow_symlinks=False)
+    except OSError:  # an owner the user namespace does not map
+        pass
+
+
+def _copy_tree(src: str, dst: str, max_bytes: int | None = None) -> int:
+    """Copy the folders and regular files beneath ``src`` into ``dst`` (links, devices, FIFOs and
+    files over ``max_bytes`` are skipped), keeping modes and owners; returns the files copied."""
+    import shutil
+    import stat
+
+    copied = 0
+    for name in os.listdir(src):
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        st = os.lstat(s)
+        if stat.S_ISDIR(st.st_mode):
+            os.makedirs(d, exist_ok=True)
+            os.chmod(d, st.st_mode & 0o7777)
+            _chown(d, st)
+            copied += _copy_tree(s, d, max_bytes)
+        elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (max_bytes is None or st.st_size <= max_bytes):
+            with open(s, "rb") as fin, open(d, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+            os.chmod(d, st.st_mode & 0o7777)
+            _chown(d, st)
+            copied += 1
+    return copied
+
+
+def fs_usage(folder: str) -> dict[str, float]:
+    """MiB and files used on the filesystem of ``folder``."""
+    st = os.statvfs(folder)
+    return {"used_mb": round((st.f_blocks - st.f_bfree) * st.f_frsize / 2**20, 1), "files": st.f_files - st.f_ffree}
+
+
+def copy_out(quotas: list[tuple[str, int, dict[str, int]]], back: list[str], max_bytes: int) -> dict[str, dict]:
+    """Once nbgrader is done: each quota folder's use, and what the grader reads afterwards (the
+    folders listed in ``back``: the autograded notebooks) copied beneath the mount, where the
+    grader finds it once the namespace is gone."""
+    report = {}
+    for folder, under, caps in quotas:
+        report[folder] = {**fs_usage(folder), "cap_mb": caps["mib"], "cap_files": caps["files"]}
+        if folder in back:
+            try:
+                _copy_tree(folder, f"/proc/self/fd/{under}", max_bytes)
+            except OSError as err:
+                report[folder]["copy_error"] = str(err)
+    return report
+
+
 def bind_over(pairs: list[tuple[str, str]]) -> None:
     """Bind each ``source`` read-only over ``target`` (a masked copy of a module over the module,
     :mod:`gpulab.course.mask`). A target that does not exist is skipped."""
@@ -191,8 +262,9 @@ def expose(paths: list[str]) -> list[str]:
     return sorted(closed)
 
 
-def run(command: list[str], report_to: TextIO | None) -> int:
-    """Start ``command``, pass on the grader's signals, reap every orphan; return its exit status."""
+def run(command: list[str], report_to: TextIO | None, finish: Any = None) -> int:
+    """Start ``command``, pass on the grader's signals, reap every orphan; return its exit status
+    (``finish()``, once the command is done, adds to the report)."""
     child = os.fork()
     if child == 0:
         for sig in FORWARDED:
@@ -221,7 +293,8 @@ def run(command: list[str], report_to: TextIO | None) -> int:
             continue
         if pid == child:
             if report_to is not None:
-                json.dump(report(usage.ru_maxrss), report_to)
+                extra = finish() if finish is not None else {}
+                json.dump({**report(usage.ru_maxrss), **extra}, report_to)
                 report_to.close()
             return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
@@ -268,6 +341,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="hide every top-level folder but the system's, binding back --see and --see-rw paths")
     p.add_argument("--see", action="append", default=[], help="a path to keep, read-only, under --hide (repeat)")
     p.add_argument("--see-rw", action="append", default=[], help="a path to keep, writable, under --hide (repeat)")
+    p.add_argument("--quota", action="append", default=[], metavar="FOLDER:MIB:FILES",
+                   help="a size- and file-capped tmpfs over FOLDER, its contents copied in (repeat)")
+    p.add_argument("--copy-back", action="append", default=[],
+                   help="a --quota folder whose contents are copied back beneath it at the end (repeat)")
+    p.add_argument("--max-file-mb", type=int, default=100, help="the largest file --copy-back copies")
     p.add_argument("--bind", action="append", default=[], metavar="SOURCE:TARGET",
                    help="bind SOURCE read-only over TARGET (a masked reference; repeat)")
     p.add_argument("--report", default=None, help="write what the submission left here (JSON, nsinit.report)")
@@ -278,6 +356,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("nothing to run: give the command after --")
     # opened before the mounts: a path under /tmp would be hidden by the private /tmp
     report_to = open(args.report, "w") if args.report else None  # noqa: SIM115 - closed once written
+    quotas: list = []
     try:
         for procs in args.cgroup_procs:  # first: every process from here on is in the group
             with open(procs, "w") as fh:
@@ -288,11 +367,13 @@ def main(argv: list[str] | None = None) -> None:
                 hide_machine(args.see, args.see_rw)
             expose(args.expose)
             bind_over([tuple(b.split(":", 1)) for b in args.bind])
+            quotas = quota_mounts(args.quota)
         loopback_up()
     except OSError as err:
         print(f"gpulab.course.nsinit: the submission's namespaces could not be set up: {err}", file=sys.stderr)
         sys.exit(125)
-    sys.exit(run(command, report_to))
+    back = [os.path.realpath(b) for b in args.copy_back]
+    sys.exit(run(command, report_to, lambda: {"quota": copy_out(quotas, back, args.max_file_mb * 2**20)}))
 
 
 if __name__ == "__main__":

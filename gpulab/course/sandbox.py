@@ -39,6 +39,7 @@ from pathlib import Path
 from gpulab.course import integrity, isolation, links, readguard, scan, students
 from gpulab.course import notes as notes_mod
 from gpulab.course.limits import LabRun, Limits, SandboxResult  # noqa: F401 - re-exported: callers import them from here
+from gpulab.course.execute import FULL
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
 from gpulab.course.processes import kill_marked, kill_tree
 
@@ -169,6 +170,10 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
             sub.binds = [(str(a), str(b)) for a, b in run.binds]
     if sub is not None:
         sub.visible = [str(box.parent.parent)]  # the grading folder; nothing else of the machine but the system
+        if sub.plan.namespaces:  # what the kernel writes counts against caps of its own, not the grading disk
+            student_dir = box / "autograded" / student
+            sub.quotas = [f"{d}:{limits.disk_mb}:{limits.files_max}" for d in (student_dir, tmp)]
+            sub.copy_back = [str(student_dir)]
     private_tmp = sub is not None and sub.plan.namespaces
     if sub is not None and sub.uid is not None:
         _hand_over(box, student, sub)
@@ -357,7 +362,11 @@ def _collect(result: SandboxResult, box: Path, student: str, lab: str, specs: di
     work = box / "autograded" / student / lab
     planted = links.remove_unsafe(box)  # the kernel's processes are gone: nothing re-plants them now
     if (box / "removed.txt").is_file():  # what nbgrader's SandboxedExecute removed when the kernel stopped
-        planted = (box / "removed.txt").read_text().split("\n")[:-1] + planted
+        lines = (box / "removed.txt").read_text().split("\n")[:-1]
+        for line in (ln for ln in lines if ln.startswith(FULL)):
+            result.notes.append(f"filled its folder (a disk of its own, {limits.disk_mb} MiB and {limits.files_max} "
+                                f"files): removed {line[len(FULL):].strip()} so that its notebook could be saved")
+        planted = [ln for ln in lines if not ln.startswith(FULL)] + planted
     planted = [p for p in planted if not p.startswith("tmp/")]  # sockets of DataLoader workers, harmless there
     if planted:
         result.notes.append(f"left links or special files in its folder, removed unread: {notes_mod.some(planted)}")
