@@ -38,8 +38,8 @@ from pathlib import Path
 
 from gpulab.course import integrity, isolation, links, readguard, scan, students
 from gpulab.course import notes as notes_mod
-from gpulab.course.limits import LabRun, Limits, SandboxResult  # noqa: F401 - re-exported: callers import them from here
 from gpulab.course.execute import FULL
+from gpulab.course.limits import LabRun, Limits, SandboxResult  # noqa: F401 - re-exported: callers import them from here
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
 from gpulab.course.processes import kill_marked, kill_tree
 
