@@ -122,8 +122,17 @@ def _collect(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from gpulab.course.students import alias, plain, shown
+
     print(f"collected {len(report.students)} submission(s) of {args.lab} into "
-          f"{Path(args.course) / 'submitted'}: {', '.join(report.students) or 'none'}")
+          f"{Path(args.course) / 'submitted'}: {', '.join(map(shown, report.students)) or 'none'}")
+    odd = [s for s in report.students if not plain(s)]
+    if odd:
+        print(f"{len(odd)} student id(s) are not plain names (letters, digits and ._@+- only, not starting with - or "
+              "=): make grade grades them under an alias and grades.csv escapes them; rename them in your LMS "
+              "export if you can:", file=sys.stderr)
+        for s in odd:
+            print(f"  {shown(s)} -> graded as {alias(s)}", file=sys.stderr)
     if report.skipped:
         print(f"skipped {len(report.skipped)} file(s) whose name did not match the pattern:")
         for f in report.skipped:
