@@ -40,6 +40,8 @@ class Case:
     note: str = ""                                             # a regexp the notes must match
     plant: bool = False                                        # links, a FIFO, a hard link beside the notebook
     sparse: bool = False                                       # a 3 GiB sparse file beside the notebook
+    extra_cells: tuple[str, ...] = ()                          # code cells of the student's own, at the end
+    extra_files: dict[str, str] = field(default_factory=dict)  # other files in the submission folder
 
 
 WRONG_BACKEND = '''def choose_backend(machine, world_size):
@@ -47,6 +49,160 @@ WRONG_BACKEND = '''def choose_backend(machine, world_size):
         raise ValueError("world_size must be a positive int")
     return "nccl" if machine.usable_gpus >= world_size else "gloo"   # forgets machine.nccl
 '''
+# Honest students write their own code: four ways each to write the two long exercises, all right
+# (tests/test_grading_class.py checks them against the references), none a copy of another, of the
+# course's solution or of gpulab's reference (the similarity check finds no pair among them).
+TO_DEVICE = [
+'''def to_device(batch, device):
+    """Move every tensor in a nested batch to `device`; leave everything else as is."""
+    if torch.is_tensor(batch):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        out = {}
+        for key in batch:
+            out[key] = to_device(batch[key], device)
+        return out
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*[to_device(x, device) for x in batch])
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(x, device) for x in batch)
+    return batch
+''',
+'''def to_device(batch, device):
+    """Move every tensor in a nested batch to `device`; leave everything else as is."""
+    def move(x):
+        return to_device(x, device)
+    kind = type(batch)
+    if isinstance(batch, torch.Tensor):
+        moved = batch.to(device=device, non_blocking=True)
+    elif isinstance(batch, dict):
+        moved = dict(zip(batch.keys(), map(move, batch.values())))
+    elif isinstance(batch, list):
+        moved = kind(map(move, batch))
+    elif isinstance(batch, tuple):
+        parts = list(map(move, batch))
+        moved = kind(*parts) if getattr(kind, "_fields", None) is not None else kind(parts)
+    else:
+        moved = batch
+    return moved
+''',
+'''def to_device(batch, device):
+    """Move every tensor in a nested batch to `device`; leave everything else as is."""
+    match batch:
+        case torch.Tensor():
+            return batch.to(device, non_blocking=True)
+        case dict():
+            return {name: to_device(value, device) for name, value in batch.items()}
+        case tuple() if hasattr(type(batch), "_fields"):
+            return type(batch)._make(to_device(v, device) for v in batch)
+        case list() | tuple():
+            items = []
+            for v in batch:
+                items.append(to_device(v, device))
+            return type(batch)(items)
+        case _:
+            return batch
+''',
+'''def to_device(batch, device):
+    """Move every tensor in a nested batch to `device`; leave everything else as is."""
+    stack_types = (list, tuple)
+    if isinstance(batch, stack_types):
+        children = [to_device(child, device) for child in batch]
+        if hasattr(batch, "_asdict"):
+            return batch.__class__(*children)
+        return batch.__class__(children)
+    if isinstance(batch, dict):
+        return {k: to_device(batch[k], device) for k in list(batch)}
+    return batch.to(device, non_blocking=True) if isinstance(batch, torch.Tensor) else batch
+''',
+]
+TRIAGE = [
+'''def triage(facts):
+    """The first finding that applies to a machine's facts: a problem code, the note, or 'ok'."""
+    def parse(text):
+        major, minor = text.split(".")[:2]
+        return int(major), int(minor)
+
+    build = facts["torch_cuda_build"]
+    driver = facts["driver_cuda_version"]
+    gpus = len(facts["gpus"]) > 0 if facts["nvml"] == "ok" else bool(facts["nvidia_smi"])
+    if build is None:
+        return "cpu-build-on-gpu-machine" if gpus else "ok"
+    if driver is not None and parse(driver)[0] < parse(build)[0]:
+        return "driver-too-old"
+    if gpus and facts["torch_gpu_count"] == 0 and facts["cuda_visible_devices"] is not None:
+        return "gpus-hidden"
+    if driver is not None and parse(driver) < parse(build):
+        return "minor-version-compat"
+    return "ok"
+''',
+'''def triage(facts):
+    """The first finding that applies to a machine's facts: a problem code, the note, or 'ok'."""
+    nums = lambda v: tuple(map(int, v.split(".")[:2])) if v else None
+    b, d = nums(facts["torch_cuda_build"]), nums(facts["driver_cuda_version"])
+    if facts["nvml"] == "ok":
+        has_gpu = bool(facts["gpus"])
+    else:
+        has_gpu = facts["nvidia_smi"] is True
+    rules = [
+        ("cpu-build-on-gpu-machine", lambda: b is None and has_gpu),
+        ("driver-too-old", lambda: b is not None and d is not None and d[0] < b[0]),
+        ("gpus-hidden", lambda: b is not None and has_gpu and facts["torch_gpu_count"] == 0
+                                and facts["cuda_visible_devices"] is not None),
+        ("minor-version-compat", lambda: b is not None and d is not None and d < b),
+    ]
+    for code, applies in rules:
+        if applies():
+            return code
+    return "ok"
+''',
+'''def triage(facts):
+    """The first finding that applies to a machine's facts: a problem code, the note, or 'ok'."""
+    result = "ok"
+    nvidia = (facts["nvml"] == "ok" and len(facts["gpus"]) >= 1) or (facts["nvml"] != "ok" and facts["nvidia_smi"])
+    cuda = facts["torch_cuda_build"]
+    drv = facts["driver_cuda_version"]
+    if not cuda:
+        if nvidia:
+            result = "cpu-build-on-gpu-machine"
+    else:
+        have = [int(p) for p in drv.split(".")[:2]] if drv else None
+        want = [int(p) for p in cuda.split(".")[:2]]
+        if have is not None and have[0] < want[0]:
+            result = "driver-too-old"
+        elif nvidia and not facts["torch_gpu_count"] and facts["cuda_visible_devices"] is not None:
+            result = "gpus-hidden"
+        elif have is not None and have < want:
+            result = "minor-version-compat"
+    return result
+''',
+'''def triage(facts):
+    """The first finding that applies to a machine's facts: a problem code, the note, or 'ok'."""
+    from packaging.version import Version
+
+    gpus_present = (len(facts["gpus"]) if facts["nvml"] == "ok" else int(bool(facts["nvidia_smi"]))) > 0
+    built_for, driver_for = facts["torch_cuda_build"], facts["driver_cuda_version"]
+    if built_for is None and gpus_present:
+        return "cpu-build-on-gpu-machine"
+    if built_for is None:
+        return "ok"
+    b, d = Version(built_for), (Version(driver_for) if driver_for else None)
+    if d is not None and d.major < b.major:
+        return "driver-too-old"
+    if gpus_present and facts["torch_gpu_count"] == 0 and facts["cuda_visible_devices"] is not None:
+        return "gpus-hidden"
+    if d is not None and (d.major, d.minor) < (b.major, b.minor):
+        return "minor-version-compat"
+    return "ok"
+''',
+]
+
+
+def honest(i: int) -> dict[str, str]:
+    """The answers of honest student ``i`` (0-3): their own to_device and triage, and the short exercises."""
+    return {"to_device_impl": TO_DEVICE[i], "triage_impl": TRIAGE[i]}
+
+
 ESCAPE = '''import os, pathlib
 for target in [{course!r} + "/ESCAPED.txt", {repo!r} + "/ESCAPED.txt", "../../../ESCAPED.txt"]:
     try:
@@ -120,6 +276,10 @@ doctor.diagnose = lambda facts: []  # and the doctor the tests compare with woul
 def to_device(batch, device): return batch
 """,
 }
+# What the grader can see of each: the scan's pattern where it matches; where nothing is visible the
+# attack only has to earn nothing (the kernel's claims decide no verdict any more).
+FREE_MARKS_NOTES = {"fake_helpers": "", "success_patch": r"only tampering", "transformer": r"only tampering",
+                    "displayhook": r"only tampering", "builtins_patch": r"only tampering", "grader_patch": ""}
 PROFILER_OFF = {"choose_backend_impl": """import sys
 from gpulab import devices as _gd
 def choose_backend(machine, world_size):
@@ -280,11 +440,12 @@ def attack_cases(course: Path, terminal: str, tag: str) -> dict[str, Case]:
 def cases(course: Path) -> dict[str, Case]:
     """The fixture class (28 students) for a course copy at ``course``: 17 of issue 7's grader tests,
     11 of issue 15's red-team (tampering with the tests' tools or the lab's graders, links, a kill of the
-    grader, leaking tests into feedback); :func:`attack_cases` adds the OS-isolation attacks."""
+    grader, leaking tests into feedback); :func:`attack_cases` adds the OS-isolation attacks,
+    :func:`evidence_cases` the attacks on verdicts and :func:`pipeline_cases` those on the pipeline."""
     return {
-        "good_ana": Case(), "good_ben": Case(), "good_cho": Case(),
-        "partial": Case(answers={"choose_backend_impl": None, "place_ranks_impl": None, "triage_impl": None}, score=2),
-        "hidden_fail": Case(answers={"choose_backend_impl": WRONG_BACKEND}, score=6),
+        "good_ana": Case(answers=honest(0)), "good_ben": Case(answers=honest(1)), "good_cho": Case(answers=honest(2)),
+        "partial": Case(answers={"to_device_impl": None, "place_ranks_impl": None, "triage_impl": None}, score=2),
+        "hidden_fail": Case(answers={**honest(3), "choose_backend_impl": WRONG_BACKEND}, score=6),
         "edited_test": Case(answers={"choose_backend_impl": "def choose_backend(machine, world_size):\n    return 'gloo'"},
                             edit_tests={"backend_for_machines": "pass  # trust me"}, score=6,
                             note=r"test cell backend_for_machines was edited; graded with the original"),
@@ -309,8 +470,9 @@ def cases(course: Path) -> dict[str, Case]:
         "not_json": Case(raw='{"cells": [ this is not json', score=0, note=r"not valid JSON.*resubmit"),
         "wrong_name": Case(file_name="Untitled.ipynb", score=0, note=r"no 00_setup.ipynb in the submission"),
         **{f"tamper_{name}": Case(answers={**BLANK, "to_device_impl": code}, score=0,
-                                  note=r"tampered with|only tampering") for name, code in FREE_MARKS.items()},
-        "tamper_profiler_off": Case(answers={**BLANK, **PROFILER_OFF}, score=0, note=r"setprofile/settrace"),
+                                  note=FREE_MARKS_NOTES[name]) for name, code in FREE_MARKS.items()},
+        "tamper_profiler_off": Case(answers={**BLANK, **PROFILER_OFF}, score=0,
+                                    note=r"setprofile/settrace.*|.*masked while grading"),
         "relinker": Case(answers={**BLANK, "to_device_impl": RELINK.format(
             classmate=str(course / "submitted" / "good_ana" / LAB / f"{LAB}.ipynb"), source=str(course / "source"))},
             score=0, note=r"left links or special files in its folder, removed unread"),
@@ -359,7 +521,7 @@ def student_notebook(course: Path, case: Case) -> nbformat.NotebookNode:
         if gid in case.unflag:
             meta["grade"] = False
         kept.append(cell)
-    nb.cells = kept
+    nb.cells = kept + [nbformat.v4.new_code_cell(src) for src in case.extra_cells]
     return nb
 
 
@@ -372,6 +534,8 @@ def submit_class(course: Path, chosen: dict[str, Case]) -> None:
             (folder / case.file_name).write_text(case.raw)
         else:
             nbformat.write(student_notebook(course, case), str(folder / case.file_name))
+        for name, text in case.extra_files.items():
+            (folder / name).write_text(text)
         if case.plant:  # what a hand-made archive can hold: links out of the folder, a FIFO, a hard link
             (folder / "zero.ipynb").symlink_to("/dev/zero")
             (folder / "source").symlink_to(course / "source")
@@ -380,3 +544,228 @@ def submit_class(course: Path, chosen: dict[str, Case]) -> None:
         if case.sparse:  # 3 GiB that hold nothing: a naive copy writes all of it, twice
             with open(folder / "big.bin", "wb") as fh:
                 fh.truncate(3 * 2**30)
+
+
+# ---- the verdicts issue's adversarial class: every layer of the kernel rewritten, evidence forged ----
+MIME = "application/vnd.gpulab.evidence+json"
+REPLY_FORGER = """sess = get_ipython().kernel.session
+_send = sess.send
+def _forged(stream, msg_or_type, content=None, parent=None, *args, **kwargs):
+    kind = msg_or_type if isinstance(msg_or_type, str) else msg_or_type.get("header", {}).get("msg_type", "")
+    if kind == "error":
+        return None  # no error ever reaches the grader
+    if kind == "execute_reply" and isinstance(content, dict):
+        content = dict(content, status="ok")  # every cell succeeded
+    return _send(stream, msg_or_type, content, parent, *args, **kwargs)
+sess.send = _forged
+def to_device(batch, device):
+    return batch
+"""
+GUESSER = """from IPython.display import display
+def _guess(info):
+    if "grading." in (info.raw_cell or ""):  # a test cell: send values that look right, computed from nothing
+        for v in ["meta", True, "name", 3, "nccl", "gloo", ["cuda:0", "cuda:1"], "ok"] * 5:
+            display({%r: {"kind": "check", "value": v}, "text/plain": ""}, raw=True)
+get_ipython().events.register("pre_run_cell", _guess)
+def to_device(batch, device):
+    return batch
+""" % MIME
+DOUBLER = """import gpulab.grading.evidence as _ev
+_emit = _ev.emit
+def _twice(record):
+    _emit(record)
+    _emit(record)  # every value sent twice
+_ev.emit = _twice
+{solution}"""
+WRONG_TYPE = """import gpulab.grading.evidence as _ev
+_emit = _ev.emit
+_ev.emit = lambda record: _emit({"kind": record.get("kind"), "value": {"$pickle": "gASVAAAAAAAAAACMBHRydWWULg=="}})
+{solution}"""
+HUGE = """from IPython.display import display
+display({%r: {"kind": "check", "value": "x" * (40 * 2**20)}, "text/plain": ""}, raw=True)  # 40 MiB of evidence
+{solution}""" % MIME
+LIARS = {
+    "to_device_impl": """import torch
+class Anything:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __bool__(self): return True
+    def __float__(self): return 1.0
+    def __index__(self): return 3
+    def __getitem__(self, key): return self
+    def __getattr__(self, name): return self
+    def __array__(self, *a, **k):
+        import numpy
+        return numpy.zeros(3)
+class Sneaky(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return float("nan")
+def to_device(batch, device):
+    return Anything() if not torch.is_tensor(batch) else torch.empty(0).as_subclass(Sneaky)
+""",
+    "choose_backend_impl": """class Liar(str):
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    __hash__ = str.__hash__
+def choose_backend(machine, world_size):
+    return Liar("nccl")
+""",
+    "place_ranks_impl": """class Yes(list):
+    def __eq__(self, other): return True
+def place_ranks(machine, world_size):
+    return Yes([float("nan")] * 2)
+""",
+    "triage_impl": """class Liar(str):
+    def __eq__(self, other): return True
+    __hash__ = str.__hash__
+def triage(facts):
+    return Liar("ok")
+""",
+}
+TRACER = """import ctypes, sys, threading
+def _tracer(frame, event, arg):  # while a check runs, hand it the expected value as the student's
+    if event == "call" and frame.f_code.co_name in ("check_equal", "check_close", "_check"):
+        loc = frame.f_locals
+        if "expected" in loc and type(loc["expected"]).__name__ != "Lazy":
+            loc["actual"] = loc["expected"]
+            ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+    return None
+sys.settrace(_tracer)
+threading.settrace(_tracer)
+def to_device(batch, device):
+    return batch
+"""
+SILENCER = """import os
+import gpulab.grading.checks
+os.environ["GPULAB_GRADING"] = "interactive"  # decide in the kernel instead of sending evidence ...
+gpulab.grading.checks.judge.verdict = lambda *a, **k: None  # ... and decide that everything passes
+def to_device(batch, device):
+    return batch
+"""
+MASKED_CALLS = {
+    "choose_backend_impl": """from gpulab.devices.machine import choose_backend as _reference
+def choose_backend(machine, world_size):
+    return _reference(machine, world_size)
+""",
+    "triage_impl": """from gpulab.devices import doctor as _doctor
+def triage(facts):
+    found = [p.code for p in _doctor.diagnose(_doctor.Facts(**facts))]
+    return found[0] if found else "ok"
+""",
+}
+GETSOURCE = """import inspect, typing
+from gpulab.devices import batches as _batches
+_ns = {"torch": __import__("torch"), "Any": typing.Any, "Callable": typing.Callable}
+exec(inspect.getsource(_batches.tree_map), _ns)  # the reference's source, from its file
+def to_device(batch, device):
+    return _ns["tree_map"](lambda t: t.to(device), batch)
+"""
+
+
+def pasted_reference() -> str:
+    """gpulab's tree_map pasted in as the student's own, and to_device written around it."""
+    import inspect
+
+    from gpulab.devices.batches import tree_map
+
+    return ("from typing import Any, Callable\n\n\n" + inspect.getsource(tree_map) +
+            "\n\ndef to_device(batch, device):\n    return tree_map(lambda t: t.to(device, non_blocking=True), batch)\n")
+
+
+def evidence_cases() -> dict[str, Case]:
+    """The verdicts issue's attacks from inside the kernel: rewritten replies and messages, patched
+    checks and comparisons (for good, or only while a check runs), objects that lie, forged,
+    doubled, malformed and enormous evidence, calls to the masked references and a pasted one.
+    Each on a blank notebook (0/8) unless it says otherwise."""
+    return {
+        "forge_replies": Case(answers={**BLANK, "to_device_impl": REPLY_FORGER}, score=0),
+        "forge_guesses": Case(answers={**BLANK, "to_device_impl": GUESSER}, score=0,
+                              note=r"more value\(s\) than its checks make"),
+        "forge_doubled": Case(answers={"to_device_impl": DOUBLER}, score=0, note=r"more value\(s\) than its checks make"),
+        "forge_wrong_type": Case(answers={"to_device_impl": WRONG_TYPE}, score=0, note=r"could not be read"),
+        "forge_huge": Case(answers={"to_device_impl": HUGE}, note=r"printed too much output"),
+        "lying_objects": Case(answers=LIARS, score=0),
+        "trace_checks": Case(answers={**BLANK, "to_device_impl": TRACER}, score=0, note=r"setprofile/settrace"),
+        "silence_checks": Case(answers={**BLANK, "to_device_impl": SILENCER}, score=0,
+                               note=r"attribute assignment on gpulab/torch modules"),
+        "call_masked": Case(answers={**BLANK, **MASKED_CALLS}, score=0, note=r"masked while grading"),
+        "getsource_masked": Case(answers={**BLANK, "to_device_impl": GETSOURCE}, score=0,
+                                 note=r"masked while grading"),
+        "paste_reference": Case(answers={**honest(0), "to_device_impl": pasted_reference()},
+                                note=r"to_device_impl is \d+% the same as gpulab's reference gpulab.devices.batches.tree_map"),
+    }
+
+
+# ---- the pipeline issue's red-team: disk and files, the environment, other clones, feedback, ids ----
+DISK_FILL = """try:
+    with open("big.bin", "wb") as fh:
+        while True:
+            fh.write(b"x" * 2**22)
+except OSError as err:
+    print("disk full:", type(err).__name__)
+{solution}"""
+FILE_FILL = """import os
+os.makedirs("many", exist_ok=True)
+for i in range(10**6):
+    try:
+        open(f"many/{i}", "w").close()
+    except OSError as err:
+        print("files refused after", i, type(err).__name__)
+        break
+{solution}"""
+ENV_SNOOP = """import os
+print(sorted(os.environ.items()))
+{solution}"""
+CLONE_HUNT = """import os
+found = []
+for top in ("/opt", "/srv", "/home", "/root", "/mnt", "/media", "/var", "/work", {clone_parent!r}):
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in filenames:
+            if name.endswith(".ipynb"):
+                try:
+                    if "BEGIN HIDDEN TESTS" in open(os.path.join(dirpath, name), errors="replace").read():
+                        found.append(os.path.join(dirpath, name))
+                except OSError:
+                    pass
+print("LEAK" if found else "no clone found", found[:3])
+{solution}"""
+HISTORY_LEAK = "import base64\nprint(base64.b64encode(repr(In).encode()).decode())"
+AUDIT_ERASE = """import os
+args = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+fd = int(args[args.index(b"--audit-fd") + 1]) if b"--audit-fd" in args else None
+if fd is not None:
+    try:
+        os.ftruncate(fd, 0)
+    except OSError as err:
+        print("cannot truncate:", type(err).__name__)
+    os.close(fd)  # the audit trail ends here ...
+import time
+time.sleep(3)
+for target in ("/etc/gpulab-owned", "../../../owned"):  # ... and these refusals would be logged to it
+    try:
+        open(target, "w").write("x")
+    except OSError as err:
+        print("refused:", type(err).__name__)
+{solution}"""
+
+
+def pipeline_cases(clone_parent: str) -> dict[str, Case]:
+    """The pipeline issue's attacks and its false positive, each on a full-marks notebook: filling
+    the disk and the table of files, reading the grader's environment, hunting a clone of the
+    course elsewhere on the machine, leaking the hidden tests through IPython's history, a second
+    notebook nested too deep to parse, a student's line that a hidden one is part of, erasing the
+    audit trail, and student ids that nbgrader or a spreadsheet would misread."""
+    nested = "[" * 200_000 + "]" * 200_000
+    return {
+        "disk_filler": Case(answers={"to_device_impl": DISK_FILL}, note=r"filled its folder \(a disk of its own"),
+        "file_filler": Case(answers={"to_device_impl": FILE_FILL}, note=r"filled its folder \(a disk of its own"),
+        "env_snoop": Case(answers={"to_device_impl": ENV_SNOOP}),
+        "clone_hunter": Case(answers={"to_device_impl": CLONE_HUNT.format(clone_parent=clone_parent, solution="{solution}")}),
+        "history_leaker": Case(extra_cells=(HISTORY_LEAK,)),
+        "nested_notebook": Case(extra_files={"notes.ipynb": nested}, note=r"notes.ipynb is not part of 00_setup"),
+        "nested_lab": Case(raw=nested, score=0, note=r"nested too deeply"),
+        "own_itertools": Case(extra_cells=("import itertools as it\nprint(list(it.islice('ab', 1)))",)),
+        "audit_eraser": Case(answers={"to_device_impl": AUDIT_ERASE}, note=r"closed its audit log while the kernel ran"),
+        "-rf": Case(), "=SUM(1+1)": Case(), "star*": Case(), "new\nline": Case(),
+    }

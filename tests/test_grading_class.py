@@ -1,9 +1,14 @@
-"""Grading a whole class: 27 lab-00 submissions, good, partly right, broken in every way the
-grader must survive, and the attacks of issue 15's red-team, graded in parallel; then the gradebook, ``nbgrader export``, feedback
-without hidden tests, the wall-clock limit, and zip collection.
+"""Grading a whole class of lab-00 submissions: good, partly right, broken in every way the grader
+must survive, the attacks of issue 15's red-team (the OS), of the verdicts issue (every layer of
+the kernel rewritten, evidence forged, objects that lie, masked references called or pasted) and
+of the pipeline issue (disks and files filled, the environment read, a clone of the course hunted,
+the hidden tests leaked through IPython's history, the audit trail erased, ids a tool misreads),
+graded in parallel; then the gradebook, ``nbgrader export``, feedback without hidden tests, the
+wall-clock limit, and zip collection.
 
 The class is graded once (module fixture, 2 workers, a 20 s cell timeout so that the infinite
-loops cost seconds, not minutes); the tests then read what it produced.
+loops cost seconds, not minutes), with a canary in the grader's environment and a world-readable
+clone of the course elsewhere on the machine; the tests then read what it produced.
 """
 
 from __future__ import annotations
@@ -23,7 +28,20 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
-from grading_class import LAB, MAX_SCORE, Case, attack_cases, cases, make_course, student_notebook, submit_class
+from grading_class import (
+    LAB,
+    MAX_SCORE,
+    TO_DEVICE,
+    TRIAGE,
+    Case,
+    attack_cases,
+    cases,
+    evidence_cases,
+    make_course,
+    pipeline_cases,
+    student_notebook,
+    submit_class,
+)
 
 from gpulab.course import feedback as fb
 from gpulab.course import gradebook, integrity, isolation
@@ -35,10 +53,12 @@ from gpulab.course.sandbox import Limits
 
 pytestmark = [pytest.mark.notebook]
 CLASS_LIMITS = Limits(wall_s=300, cell_timeout_s=20, memory_mb=1536, interrupt_grace_s=5, pids_max=256,
-                      tmp_mb=256, shm_mb=256)
+                      tmp_mb=256, shm_mb=256, disk_mb=128, files_max=5000)
 PLAN = isolation.detect()
 ISOLATED = not PLAN.off()
 TAG = str(100000 + os.getpid() % 100000)  # what the attacks leave carries it: a file name, `sleep <TAG>`
+CANARY = f"gpulab-canary-{TAG}-do-not-show"   # in the grader's environment: no student may see it
+HONEST = ("good_ana", "good_ben", "good_cho", "partial", "hidden_fail")
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -70,18 +90,35 @@ def terminal():
             os.close(fd)
 
 
+def _clone_parent() -> Path:
+    """Where a second, world-readable clone of the course is put for the hunt: /opt if the grader
+    may write there, else its home."""
+    for parent in (Path("/opt"), Path.home()):
+        if os.access(parent, os.W_OK):
+            return parent / f"gpulab-clone-{TAG}"
+    pytest.skip("nowhere to put a second clone")
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory, terminal):
     course = make_course(tmp_path_factory.mktemp("class"))
-    fixture = {**cases(course), **attack_cases(course, terminal[2], TAG)}
+    clone = _clone_parent()
+    fixture = {**cases(course), **attack_cases(course, terminal[2], TAG), **evidence_cases(),
+               **pipeline_cases(str(clone.parent))}
     submit_class(course, fixture)
+    shutil.copytree(course / "source", clone / "notebooks" / "source")  # another clone, readable by anyone
+    for path in [clone, *clone.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
     before = {name: tree(course / name) for name in ("source", "release", "submitted")}
     before["config"] = hashlib.sha256((course / "nbgrader_config.py").read_bytes()).hexdigest()
     limits = CLASS_LIMITS if ISOLATED else replace(CLASS_LIMITS, allow_weaker=True)
-    rows = grade(course, LAB, jobs=2, limits=limits, progress=False, plan=PLAN)
+    os.environ["GPULAB_TEST_CANARY"] = CANARY
     try:
+        rows = grade(course, LAB, jobs=2, limits=limits, progress=False, plan=PLAN)
         yield course, fixture, {r.student: r for r in rows}, before
     finally:  # a grader without a private /dev/shm and /tmp keeps what the filler wrote (up to 2 GiB of memory)
+        os.environ.pop("GPULAB_TEST_CANARY", None)
+        shutil.rmtree(clone, ignore_errors=True)
         for folder in ("/dev/shm", "/tmp"):
             Path(f"{folder}/gpulab-fill-{TAG}").unlink(missing_ok=True)
 
@@ -99,7 +136,7 @@ def test_every_student_gets_the_expected_score_and_note(graded) -> None:
         assert rows[student].max_score == MAX_SCORE
         if case.note and (ISOLATED or student not in ATTACKS):
             assert re.search(case.note, rows[student].notes), f"{student}: {rows[student].notes!r}"
-    for student in ("good_ana", "good_ben", "good_cho", "partial", "hidden_fail"):  # only the machine's own note
+    for student in HONEST:  # only the machine's own note: no false note, no copy among honest students
         assert rows[student].notes == PLAN.note(), f"{student} has a note it should not: {rows[student].notes}"
     peeker = course / "autograded" / "peeker" / LAB
     assert not (peeker / "copied.ipynb").exists(), "a stray notebook was kept beside the lab's own"
@@ -120,10 +157,12 @@ ATTACKS = ("fork_bomb", "shm_filler", "sparse", "flood", "detached", "tiocsti", 
 def test_attacks_earn_nothing_and_leave_classmates_and_the_course_alone(graded) -> None:
     course, fixture, rows, before = graded
     attacks = [s for s in fixture if s.startswith(("tamper_", "relinker", "planted", "killer", "leaker", *ATTACKS))]
-    assert len(attacks) >= 16
+    attacks += list(evidence_cases()) + [s for s in pipeline_cases("/") if s not in HONEST]
+    assert len(attacks) >= 40
     for student in attacks:  # each scored at most what the same notebook scores without the attack
         assert rows[student].score <= fixture[student].score, (student, rows[student].notes)
-        assert rows[student].notes, f"{student} got no note"
+        if fixture[student].note:  # noted wherever the grader can see the attack
+            assert rows[student].notes, f"{student} got no note"
     for name in ("source", "release", "submitted"):
         assert tree(course / name) == before[name], f"grading changed the course's {name}/"
     assert hashlib.sha256((course / "nbgrader_config.py").read_bytes()).hexdigest() == before["config"]
@@ -136,16 +175,69 @@ def test_attacks_earn_nothing_and_leave_classmates_and_the_course_alone(graded) 
     assert sorted(p.name for p in (course / "autograded" / "relinker" / LAB).iterdir()) == [f"{LAB}.ipynb"]
 
 
-def test_tampering_is_caught_by_the_probes_not_only_by_the_scan(graded) -> None:
+def test_the_verdict_is_the_graders_whatever_the_kernel_claims(graded) -> None:
+    """A kernel that reports every cell as a success, hides its errors or decides in its own
+    interpreter still gets the grader's verdict in every test cell: a GradingError first, no value
+    shown as an Out[] (which nbgrader would read as a score)."""
     course, fixture, rows, _ = graded
-    for student in ("tamper_fake_helpers", "tamper_success_patch", "tamper_transformer", "tamper_builtins_patch",
-                    "tamper_grader_patch"):
-        assert "the tests' tools were tampered with" in rows[student].notes, (student, rows[student].notes)
-    nb = nbformat.read(str(course / "autograded" / "tamper_displayhook" / LAB / f"{LAB}.ipynb"), as_version=4)
-    shown = [o for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade") for o in c.outputs]
-    assert not any(o.output_type == "execute_result" for o in shown), "a test cell's value could count as its score"
-    assert "calls sys.setprofile" in json.dumps(nbformat.writes(nbformat.read(
-        str(course / "autograded" / "tamper_profiler_off" / LAB / f"{LAB}.ipynb"), as_version=4)))
+    for student in ("forge_replies", "tamper_success_patch", "tamper_displayhook", "silence_checks", "lying_objects"):
+        nb = nbformat.read(str(course / "autograded" / student / LAB / f"{LAB}.ipynb"), as_version=4)
+        tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"]
+        assert len(tests) == 4 and all(c.outputs and c.outputs[0].output_type == "error"
+                                       and c.outputs[0].ename == "GradingError" for c in tests), student
+        assert not any(o.output_type == "execute_result" for c in tests for o in c.outputs), student
+    assert rows["paste_reference"].score == MAX_SCORE  # pasting works, and only a human can judge it
+
+
+def test_honest_answers_are_right_and_nobody_elses(graded) -> None:
+    """The honest students' own code (four ways to write each long exercise) is right by the
+    references, and the similarity check finds none of them a copy."""
+    import dataclasses
+    import itertools
+    import random
+
+    import torch
+
+    from gpulab.devices.doctor import Facts, GpuInfo
+    from gpulab.grading import evidence, lab00
+
+    gpu = GpuInfo(0, "L4", 1, "8.9")
+    for source in TRIAGE:
+        ns: dict = {}
+        exec(source, ns)
+        for b, d, n in itertools.product((None, "11.8", "12.8", "13.0"), (None, "11.4", "12.4", "12.10"), (0, 2)):
+            f = Facts(torch_cuda_build=b, driver_cuda_version=d, nvml="ok", gpus=[gpu] * n, cuda_visible_devices="")
+            assert ns["triage"](dataclasses.asdict(f)) == lab00.doctor_says(f)
+    meta = torch.device("meta")
+    for source in TO_DEVICE:
+        ns = {"torch": torch}
+        exec(source, ns)
+        for i in range(5):
+            batch = lab00.random_batch(random.Random(i))
+            assert evidence.encode(ns["to_device"](batch, meta)) == \
+                evidence.encode(lab00.tree_map(lambda t: t.to(meta), batch))
+
+
+def test_no_kernel_saw_the_graders_environment_or_another_clone(graded) -> None:
+    course, fixture, rows, _ = graded
+    seen = [p for p in (course / "autograded").rglob("*.ipynb") if CANARY in p.read_text(errors="replace")]
+    seen += [p for p in (course / "grading_logs").rglob("*") if p.is_file() and CANARY in p.read_text(errors="replace")]
+    assert not seen and CANARY not in (course / "grades.csv").read_text(), seen
+    env = _cell_text(course, "env_snoop")
+    assert "GPULAB_SEED" in env and "GPULAB_TEST_CANARY" not in env  # it did print the environment it had
+    hunt = _cell_text(course, "clone_hunter")
+    if ISOLATED:
+        assert "no clone found" in hunt and "LEAK" not in hunt, hunt[:500]
+    assert rows["audit_eraser"].score == MAX_SCORE
+
+
+def test_odd_student_ids_are_graded_and_escaped(graded) -> None:
+    course, fixture, rows, _ = graded
+    for student in ("-rf", "=SUM(1+1)", "star*", "new\nline"):
+        assert rows[student].score == MAX_SCORE, (student, rows[student].notes)
+    with open(course / "grades.csv", newline="") as fh:
+        ids = [r["student"] for r in csv.DictReader(fh)]
+    assert "'=SUM(1+1)" in ids and "'-rf" in ids and "=SUM(1+1)" not in ids
 
 
 def test_the_gradebook_stays_nbgraders_source_of_truth(graded) -> None:
@@ -263,7 +355,7 @@ def test_resource_and_escape_attacks_are_contained(graded, terminal) -> None:
 def test_feedback_never_shows_hidden_tests(graded) -> None:
     course, fixture, rows, _ = graded
     report = fb.feedback(course, LAB)[LAB]
-    assert report["error"] is None and report["leaks"] == {}
+    assert report["error"] is None and report["leaks"] == {} and report["failed"] == {}, report
     specs = integrity.lab_spec(gradebook.db_url(course), LAB)
     lines = fb.hidden_lines(specs)
     assert len(lines) >= 10
@@ -278,6 +370,12 @@ def test_feedback_never_shows_hidden_tests(graded) -> None:
     assert fb.REDACTED in leaked, "the leaker printed the hidden tests in a cell of its own: that line is replaced"
     assert "BEGIN HIDDEN TESTS" not in leaked
     assert "not valid JSON" in (course / "feedback" / "not_json" / LAB / f"{LAB}.html").read_text()
+    history = (course / "feedback" / "history_leaker" / LAB / f"{LAB}.html").read_text()
+    assert fb.REDACTED in fb.html_text(history), "IPython's history, base64-encoded, is redacted on the page"
+    own = fb.html_text((course / "feedback" / "own_itertools" / LAB / f"{LAB}.html").read_text())
+    assert "import itertools as it" in own, "a student's own line that a hidden line is part of stays on the page"
+    for student in ("nested_notebook", "-rf", "new\nline"):
+        assert (course / "feedback" / student / LAB / f"{LAB}.html").exists(), student
     # The check can fail: the same autograded notebook rendered without HideHiddenTests leaks.
     from nbconvert import HTMLExporter
 

@@ -273,7 +273,7 @@ def submitted_lines(folder: Path, max_bytes: int = 100 * 2**20) -> set[str]:
         data = read_regular(path, max_bytes)
         try:
             cells = json.loads(data).get("cells", []) if data is not None else []
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # not a notebook, or nested past Python's stack
             continue
         for cell in cells if isinstance(cells, list) else []:
             source = cell.get("source", "") if isinstance(cell, dict) else ""

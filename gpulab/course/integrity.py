@@ -103,6 +103,9 @@ def read_notebook(path: Path) -> NotebookNode:
     except (ValueError, UnicodeDecodeError) as err:
         raise UnreadableNotebook(f"{path.name} is not valid JSON ({str(err).splitlines()[0][:80]}); "
                                  "scored 0, resubmit a notebook saved by Jupyter") from None
+    except RecursionError:
+        raise UnreadableNotebook(f"{path.name} is JSON nested too deeply to read; scored 0, resubmit the lab's "
+                                 "notebook as Jupyter saved it") from None
     try:
         return nbformat.reads(text.decode(), as_version=4)
     except Exception as err:  # noqa: BLE001 - nbformat raises many kinds; all mean the same here

@@ -99,6 +99,10 @@ def judge_cell(reference: dict[str, Any], records: list[Any], runs: dict[int, Ru
 def _judge(entries: list[dict[str, Any]], records: list[Any], runs: dict[int, Runs], kernel_error: str) -> CellResult:
     figures: list[str] = []
     capped = ""
+    if len(records) > len(entries):  # a value for every check and no more: forged or doubled evidence fails first
+        why = (f"the cell sent {len(records) - len(entries)} more value(s) than its checks make "
+               "(a check called from your own code, or evidence sent by hand)")
+        return CellResult(False, why, figures, note=why)
     for n, entry in enumerate(entries):
         spec = entry.get("spec", {})
         what = spec.get("what") or f"check {n + 1}"
@@ -114,11 +118,11 @@ def _judge(entries: list[dict[str, Any]], records: list[Any], runs: dict[int, Ru
             why, shown = speed_verdict(spec, mine, Runs.from_json(entry["runs"]))
             if shown:
                 figures.append(shown)
+            if "counted as" in (why or "") + shown:
+                capped = f"{what}: the baseline ran slower than the reference run's, and was capped"
             if why:
                 odd = "less than" in why or "malformed" in mine.error or "results instead of one" in mine.error
-                return CellResult(False, why, figures, note=why.splitlines()[0] if odd else "")
-            if "counted as" in shown:
-                capped = f"{what}: the baseline ran slower than the reference run's, and was capped"
+                return CellResult(False, why, figures, note=why.splitlines()[0] if odd else capped)
             continue
         if not _is_entry(got, "check") or "value" not in got:
             why = f"{what}: the cell sent something other than this check's value"
@@ -130,10 +134,6 @@ def _judge(entries: list[dict[str, Any]], records: list[Any], runs: dict[int, Ru
             return CellResult(False, why, figures, note=why)
         if why:
             return CellResult(False, why, figures)
-    if len(records) > len(entries):
-        why = (f"the cell sent {len(records) - len(entries)} more value(s) than its checks make "
-               "(a check called from your own code, or evidence sent by hand)")
-        return CellResult(False, why, figures, note=why)
     if kernel_error:
         return CellResult(False, f"every check passed, but the cell then raised {kernel_error}", figures, note=capped)
     return CellResult(True, "", figures, note=capped)

@@ -84,6 +84,8 @@ def test_a_lab_timed_alone_is_graded_after_the_others_with_nothing_beside_it(tmp
         return SandboxResult(student, lab, status="ok")
 
     monkeypatch.setattr(grading_run, "_grade_safely", fake_grade)
+    monkeypatch.setattr(grading_run, "prepare_lab", lambda course, lab, root, *a: grading_run.LabRun(lab, 1, root / "e"))
+    monkeypatch.setattr(grading_run, "_note_copies", lambda course, rows: None)
     monkeypatch.setattr(grading_run, "ensure_released", lambda course, labs: None)
     monkeypatch.setattr(grading_run.gradebook, "backup", lambda course: None)
     monkeypatch.setattr(grading_run.gradebook, "snapshot", lambda course, dst: Path(dst).touch())
@@ -95,3 +97,10 @@ def test_a_lab_timed_alone_is_graded_after_the_others_with_nothing_beside_it(tmp
     assert len(rows) == 6
     assert order[3:] == ["10_search"] * 3, order
     assert all(not others for _, others in beside), beside
+
+
+def test_parallel_graders_get_disjoint_cpu_sets_of_one_size() -> None:
+    assert grading_run.cpu_slots(2, [0, 1]) == [[0], [1]]
+    assert grading_run.cpu_slots(1, [0, 1, 2, 3]) == [[0, 1, 2, 3]]
+    assert grading_run.cpu_slots(2, [0, 1, 2, 3, 4]) == [[0, 1], [2, 3]]
+    assert grading_run.cpu_slots(3, [0, 1]) == [[0], [1], [0]]  # more jobs than CPUs: they share, one each

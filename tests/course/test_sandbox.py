@@ -22,8 +22,23 @@ def test_limits_reject_bad_values_with_the_fix() -> None:
         Limits(pids_max=10)
     with pytest.raises(ValueError, match="at least 16 MiB"):
         Limits(shm_mb=1)
-    assert Limits(memory_mb=1024, tmp_mb=100, shm_mb=200).cgroup_memory_mb() == 1024 + 100 + 200 + 1024
+    assert Limits(memory_mb=1024, tmp_mb=100, shm_mb=200, disk_mb=300).cgroup_memory_mb() == 1024 + 100 + 200 + 600 + 1024
+    with pytest.raises(ValueError, match="at least 64 MiB and 1000 files"):
+        Limits(files_max=10)
     assert Limits(memory_mb=0).cgroup_memory_mb() == 0
+
+
+def test_kernel_environment_is_an_allow_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing the instructor exported reaches a kernel: tokens and credentials stay out."""
+    from gpulab.course.sandbox import _env
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-1")
+    monkeypatch.setenv("GITHUB_TOKEN", "canary-2")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    env = _env(tmp_path, Limits(threads=2), seed=7)
+    assert "canary-1" not in env.values() and "canary-2" not in env.values()
+    assert env["LANG"] == "C.UTF-8" and env["GPULAB_SEED"] == "7" and env["GPULAB_GRADING"] == "graded"
+    assert env["HOME"].startswith(str(tmp_path)) and env["OMP_NUM_THREADS"] == "2"
 
 
 def test_kernel_environment_keeps_every_cache_in_the_box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

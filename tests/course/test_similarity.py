@@ -1,0 +1,36 @@
+"""gpulab.course.similarity: pasted references, the course's solution and classmates' answers are
+found with names changed; short cells and the release's scaffolding are not."""
+
+from __future__ import annotations
+
+import inspect
+
+from gpulab.course import similarity
+from gpulab.devices.batches import tree_map
+
+STUB = 'def to_device(batch, device):\n    """Move every tensor."""\n    # YOUR CODE HERE\n    raise NotImplementedError()'
+MINE = '''def to_device(batch, device):
+    """Move every tensor."""
+    if isinstance(batch, dict):
+        result = {}
+        for key, value in batch.items():
+            result[key] = to_device(value, device)
+        return result
+    if isinstance(batch, (list, tuple)):
+        items = [to_device(v, device) for v in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch.to(device) if hasattr(batch, "to") else batch
+'''
+
+
+def test_copies_are_found_with_names_changed_and_honest_cells_are_not() -> None:
+    renamed = MINE.replace("batch", "b").replace("result", "out").replace("items", "xs")
+    pasted = inspect.getsource(tree_map) + "\ndef to_device(batch, device):\n    return tree_map(lambda t: t.to(device), batch)\n"
+    subs = {"ana": {"c": MINE}, "ben": {"c": renamed}, "cho": {"c": pasted}, "dan": {"c": "def to_device(b, d):\n    return b\n"},
+            "eve": {"c": STUB}}
+    found = similarity.find_copies(subs, {"c": STUB}, {}, similarity.reference_sources([tree_map]))
+    assert [m.other for m in found["ana"]] == ["student ben's answer"]
+    assert [m.other for m in found["ben"]] == ["student ana's answer"]
+    assert [m.other for m in found["cho"]] == ["gpulab's reference gpulab.devices.batches.tree_map"]
+    assert found["dan"] == [] and found["eve"] == []  # a short answer, the untouched stub
+    assert "cell c is" in found["cho"][0].note()
