@@ -20,10 +20,11 @@ c.IncludeHeaderFooter.header = "source/header.ipynb"
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# Per-cell execution limit while autograding. Every lab runs in about 2 minutes in total on a
-# 2-core laptop; a cell that needs 5 minutes is a student's infinite loop.
-c.Execute.timeout = 300
-c.Execute.interrupt_on_timeout = True
+# The per-cell execution limit, the same for Validate in the student's JupyterLab, `make check`
+# and `make grade` (gpulab/course/execution.py; `make lab` writes the student's config with it).
+from gpulab.course.execution import configure  # noqa: E402
+
+configure(c)
 
 # Feedback never shows hidden tests: autograde puts them back into every test cell, so the
 # feedback step removes them again, and cuts the traceback of a failing hidden test to its message.

@@ -75,6 +75,12 @@ def _grade(args: argparse.Namespace) -> int:
     print("protections:")
     for layer in plan.layers:
         print(f"  {'on ' if layer.on else 'OFF'}  {layer.name}: {layer.how}")
+    print("verdicts:\n"
+          "  by construction: the grader compares each value the student's code produced, on this run's inputs, with "
+          "the reference run's, in its own process; speed-ups are timed by the grader on results it checks\n"
+          "  only detected (a note): pasted references or classmates' answers, evidence sent by hand, code that "
+          "patches gpulab's instruments (their in-kernel figures are only evidence)\n"
+          "  left to you: written answers, and the notes in grades.csv (docs/instructor.md, \"Threat model\")")
     if plan.off():
         print(("grading anyway (--allow-weaker-sandbox): grades.csv notes what was off" if limits.allow_weaker
                else "refusing to grade without them"), file=sys.stderr)

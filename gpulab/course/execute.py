@@ -40,6 +40,7 @@ from nbgrader.preprocessors import Execute
 from traitlets import Integer, Unicode
 
 from gpulab.course import links, timing
+from gpulab.course.execution import after_timeout
 from gpulab.course.kernel import MAX_MESSAGE_BYTES, JailedKernelManager
 from gpulab.course.processes import kill_marked
 from gpulab.course.verdicts import Expected, judge_cell
@@ -96,6 +97,7 @@ class SandboxedExecute(Execute):
 
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> tuple[NotebookNode, Any]:
         self._stopped = None
+        self._timed_out: int | None = None
         initial = set(os.listdir(self.clean_dir)) if self.clean_dir and os.path.isdir(self.clean_dir) else set()
         self._notebook = ((resources or {}).get("unique_key") or "").rsplit("/", 1)[-1] or \
             (resources or {}).get("metadata", {}).get("name", "")
@@ -216,6 +218,8 @@ class SandboxedExecute(Execute):
             # iopub_timeout (the code caught KeyboardInterrupt, or is stuck in native code).
             cell.outputs.append(error_output(TIMEOUT, f"the cell ran past the {self.timeout} s limit"))
         timed_out = any(o.get("output_type") == "error" and o.get("ename") == TIMEOUT for o in cell.get("outputs", []))
+        if timed_out and self._timed_out is None:
+            self._timed_out = index
         if timed_out and not self._kernel_responds():
             self._kill_kernel()
             cell.outputs.append(error_output(
@@ -292,6 +296,8 @@ class SandboxedExecute(Execute):
             kept.append(NotebookNode(output_type="display_data", metadata={"gpulab": "verdict"},
                                      data={"text/plain": "".join(f"{f}\n" for f in figures)}))
         if not passed:
+            if self._timed_out is not None and not _is_timeout(cell):  # the cause, as Validate names it
+                message = f"{message or 'failed'} {after_timeout(self._timed_out, self.timeout)}"
             kept.insert(0, error_output(VERDICT, message or "failed"))
         cell.outputs = kept
 
@@ -439,6 +445,10 @@ def _peak_rss_mb() -> int | None:
     except OSError:
         return None
     return None
+
+
+def _is_timeout(cell: NotebookNode) -> bool:
+    return any(o.get("output_type") == "error" and o.get("ename") == TIMEOUT for o in cell.get("outputs", []))
 
 
 def _is_test(cell: NotebookNode) -> bool:

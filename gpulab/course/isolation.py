@@ -83,7 +83,8 @@ class Plan:
         else:
             ident = Layer("kernel identity", self.namespaces, "a user namespace (the grader's uid outside, no "
                           "capabilities)" if self.namespaces else self.why_not_namespaces)
-        ns = ("PID, IPC, network, mount (private /tmp, /dev/shm, /dev/pts) and UTS namespaces (unshare"
+        ns = ("PID, IPC, network, mount (private /tmp, /dev/shm, /dev/pts and capped folders, the rest of the machine "
+              "hidden, gpulab's references masked) and UTS namespaces (unshare"
               + (", in a user namespace)" if self.userns else ")"))
         sup = self.cgroups
         kills = ([] if sup.kill is None else [f"cgroup v{sup.kill.version} "

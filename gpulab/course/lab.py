@@ -102,7 +102,22 @@ def write_config(folder: str | Path, instructor: bool) -> Path:
     (folder / "labconfig" / "page_config.json").write_text(json.dumps({"disabledExtensions": {p: True for p in disabled}}, indent=1))
     server = {"ServerApp": {"jpserver_extensions": {ext: instructor for ext in INSTRUCTOR_SERVER_EXTENSIONS}}}
     (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=1))
+    (folder / "nbgrader_config.py").write_text(STUDENT_NBGRADER_CONFIG)
     return folder
+
+
+# Validate in the student's JupyterLab (which serves work/, where the course's nbgrader_config.py is
+# not) and `make check` read this, from JUPYTER_CONFIG_PATH: the same limits as the grader.
+STUDENT_NBGRADER_CONFIG = """# written by gpulab.course.lab: the course's execution limits (gpulab/course/execution.py)
+from gpulab.course.execution import configure
+
+configure(get_config())  # noqa: F821 - provided by nbgrader
+"""
+
+
+def student_config_dir(instructor: bool = False) -> Path:
+    """Where ``make lab`` keeps the settings of one mode (inside the environment, so they go with .venv)."""
+    return Path(sys.prefix) / "etc" / "gpulab-lab" / ("instructor" if instructor else "student")
 
 
 @dataclass
@@ -130,8 +145,7 @@ def lab_command(root: str | Path, port: int, instructor: bool = False, config_di
         token: the login token (default: a new random one).
     """
     root = Path(root).resolve()
-    mode = "instructor" if instructor else "student"
-    config_dir = Path(config_dir) if config_dir else Path(sys.prefix) / "etc" / "gpulab-lab" / mode
+    config_dir = Path(config_dir) if config_dir else student_config_dir(instructor)
     write_config(config_dir, instructor)
     token = token or secrets.token_hex(24)
     env = nbgrader_env({"JUPYTER_TOKEN": token})  # the token by environment: not visible in `ps`

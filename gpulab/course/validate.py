@@ -1,4 +1,6 @@
-"""``make check``'s verdict on one notebook: nbgrader's own validation result, not a word search.
+"""``make check``'s verdict on one notebook: nbgrader's own validation result, not a word search,
+with the same configuration as the Validate button in ``make lab``'s JupyterLab (its
+``nbgrader_config.py`` on ``JUPYTER_CONFIG_PATH``: :mod:`gpulab.course.execution`'s limits).
 
     python -m gpulab.course.validate work/00_setup/00_setup.ipynb    # prints one JSON line
 
@@ -13,6 +15,7 @@ A child process, because validation runs a kernel and nbgrader's configuration i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -76,11 +79,16 @@ def validate(notebook: str | Path, timeout: float | None = 1800) -> Validation:
     Returns:
         The :class:`Validation`; ``error`` is set instead of raising when nbgrader gave no result.
     """
+    from gpulab.course.lab import student_config_dir, write_config
+
     notebook = Path(notebook).resolve()
     result = Validation(notebook)
+    config = write_config(student_config_dir(), instructor=False)  # the student's JupyterLab's settings
+    env = nbgrader_env()
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(config), *filter(None, [env.get("JUPYTER_CONFIG_PATH")])])
     try:
         proc = subprocess.run([sys.executable, "-m", "gpulab.course.validate", str(notebook)], cwd=str(notebook.parent),
-                              env=nbgrader_env(), text=True, capture_output=True, timeout=timeout)
+                              env=env, text=True, capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         result.error = f"it ran for more than {timeout:g} s; look for a cell that never ends"
         return result

@@ -81,3 +81,46 @@ def test_the_students_lab_hides_the_instructors_tools_and_the_news(tmp_path: Pat
     lab_command(tmp_path, 8888, instructor=True, config_dir=tmp_path / "instructor")
     page = json.loads((tmp_path / "instructor" / "labconfig" / "page_config.json").read_text())["disabledExtensions"]
     assert list(page) == [NEWS_PLUGIN], "the instructor sees everything but the news"
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(300)
+def test_validate_in_the_students_lab_keeps_the_courses_limit(tmp_path: Path) -> None:
+    """The Validate button of the student's JupyterLab (which serves work/, where the course's
+    nbgrader_config.py is not) runs a 60 s cell to the end, as the grader does: nbgrader's own
+    default of 30 s would have cut it and failed the test after it."""
+    import subprocess
+    import urllib.request
+
+    import nbformat
+
+    work = tmp_path / "work"
+    (work / "00_x").mkdir(parents=True)
+    slow = nbformat.v4.new_code_cell("import time\ntime.sleep(60)\nanswer = 42")
+    test = nbformat.v4.new_code_cell("assert answer == 42")
+    test.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t", "points": 1, "locked": True,
+                                 "schema_version": 3}
+    nbformat.write(nbformat.v4.new_notebook(cells=[slow, test]), str(work / "00_x" / "x.ipynb"))
+    cmd = lab_command(work, free_port(8950), config_dir=tmp_path / "config")
+    proc = subprocess.Popen(cmd.argv, cwd=cmd.cwd, env=cmd.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        base = f"http://127.0.0.1:{cmd.port}"
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{base}/api?token={cmd.token}", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        req = urllib.request.Request(f"{base}/assignments/validate?token={cmd.token}",
+                                     data=b"path=00_x%2Fx.ipynb", method="POST",
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=250) as resp:
+            result = json.loads(resp.read())
+        assert time.perf_counter() - t0 > 55  # the cell ran to the end
+        assert result["success"], result
+        value = result["value"] if isinstance(result["value"], dict) else json.loads(result["value"])
+        assert not value.get("failed"), value
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -13,6 +13,7 @@ import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import nbauthor  # noqa: E402
+from conftest import COURSE  # noqa: E402
 
 from gpulab.course.release import check_work  # noqa: E402
 from gpulab.course.validate import validate  # noqa: E402
@@ -69,3 +70,32 @@ def test_no_result_is_an_error_not_a_pass(tmp_path: Path) -> None:
     bad.write_text("{ not json")
     result = validate(bad)
     assert not result.ok and result.error
+
+
+def test_validate_names_the_cell_stopped_by_the_limit() -> None:
+    """A failing test after a cell stopped by the time limit says which cell stopped, not only the
+    NameError it led to."""
+    import nbformat
+
+    from gpulab.course.execution import ValidateExecute
+
+    slow = nbformat.v4.new_code_cell("import time\ntime.sleep(30)\nanswer = 42")
+    test = nbformat.v4.new_code_cell("assert answer == 42")
+    test.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t", "points": 1, "locked": True}
+    nb = nbformat.v4.new_notebook(cells=[slow, test])
+    ValidateExecute(timeout=3, interrupt_on_timeout=True).preprocess(nb, {})
+    assert slow.outputs[-1].ename == "CellTimeoutError"
+    err = [o for o in test.outputs if o.output_type == "error"][0]
+    assert err.ename == "NameError" and "cell 0 above ran past the 3 s limit" in err.evalue
+
+
+def test_the_course_and_the_students_lab_share_the_execution_limits(tmp_path) -> None:
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from gpulab.course.execution import CELL_TIMEOUT_S
+    from gpulab.course.lab import write_config
+
+    student = write_config(tmp_path / "student", instructor=False)
+    for folder in (student, COURSE):
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(folder)).load_config()
+        assert config.Execute.timeout == CELL_TIMEOUT_S and config.Execute.interrupt_on_timeout, folder
