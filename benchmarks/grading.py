@@ -1,15 +1,21 @@
-"""What the grading sandbox costs over plain nbgrader, and what parallel grading gains: the same
-class of lab 00 submissions graded by ``gpulab.course.grade`` with one worker and by plain
-``nbgrader autograde`` in one process, in alternating rounds of one run.
+"""What the grader costs over plain nbgrader (and over an earlier grader), and what parallel grading
+gains: the same class of submissions graded by ``gpulab.course.grade`` and by plain ``nbgrader
+autograde`` in one process, in alternating rounds of one run.
 
-    flock /tmp/gpulab-cpu.lock .venv/bin/python benchmarks/grading.py [--submissions 10] [--rounds 2]
-        [--parallel]
+    flock /tmp/gpulab-cpu.lock .venv/bin/python benchmarks/grading.py [--lab 00_setup] [--submissions 10]
+        [--rounds 2] [--jobs 1] [--parallel] [--old /path/to/an/earlier/checkout]
 
-Every submission is the lab's source notebook (full marks). The sandbox grades each one in a
-grading copy of its own, with nbgrader started once per submission, under the OS isolation of
-``gpulab.course.isolation`` (namespaces, cgroup, the kernel's own uid, Landlock) and the
-in-kernel probes; plain nbgrader starts once for the whole class and runs every kernel as the
-grader. Rounds alternate (sandbox, plain, sandbox, plain...) so that a change in the machine's
+``--old`` also grades the class with the grader of another checkout (a ``git worktree`` of an
+earlier commit: its ``gpulab`` is put first on ``PYTHONPATH``, in the same environment), in the same
+alternating rounds: ``vs_old`` is this grader's time over that one's. The verdicts issue's targets:
+lab 00 with one worker at most 1.3x plain nbgrader; 30 lab-06 submissions at 2 jobs within 1.2x
+of the grader before it (``--lab 06_ddp --submissions 30 --jobs 2 --old ...``).
+
+Every submission is the lab's source notebook (full marks). The grader runs the lab's reference
+run once, then grades each submission in a grading copy of its own, with nbgrader started once per
+submission, under the OS isolation of ``gpulab.course.isolation`` (namespaces, cgroup, the
+kernel's own uid, Landlock), judged against the reference run; plain nbgrader starts once for the
+whole class and runs every kernel as the grader, deciding in the kernel. Rounds alternate (sandbox, plain, sandbox, plain...) so that a change in the machine's
 load falls on both. ``sandbox_overhead`` is the sandbox's total time over plain nbgrader's.
 ``--parallel`` also grades the class with one worker per core (``speedup`` over one worker).
 Wall-clock time on a shared machine moves with the neighbours' load, so the CPU time of the
@@ -27,6 +33,7 @@ import os
 import platform
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,15 +48,23 @@ from gpulab.course.release import release  # noqa: E402
 from gpulab.course.sandbox import Limits  # noqa: E402
 
 LAB = "00_setup"
+OLD_DRIVER = """
+import json, sys, time
+from gpulab.course.grade import grade
+from gpulab.course.sandbox import Limits
+t0 = time.perf_counter()
+rows = grade(sys.argv[1], sys.argv[2], jobs=int(sys.argv[3]), limits=Limits(memory_mb=2048), progress=False)
+print(json.dumps({"seconds": time.perf_counter() - t0, "scores": [r.score for r in rows]}))
+"""
 
 
-def make_class(root: Path, submissions: int) -> Path:
+def make_class(root: Path, submissions: int, lab: str = LAB) -> Path:
     """A course copy with ``submissions`` students, each handing in the source notebook."""
     shutil.copytree(REPO / "notebooks" / "source", root / "source")
     shutil.copy(REPO / "notebooks" / "nbgrader_config.py", root / "nbgrader_config.py")
-    release(root, LAB)
+    release(root, lab)
     for i in range(submissions):
-        shutil.copytree(root / "source" / LAB, root / "submitted" / f"student_{i:03d}" / LAB)
+        shutil.copytree(root / "source" / lab, root / "submitted" / f"student_{i:03d}" / lab)
     return root
 
 
@@ -59,61 +74,81 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def timed_grade(course: Path, jobs: int) -> tuple[float, float, list[str]]:
-    """Wall and CPU seconds to grade the class, and the rows that did not get full marks without a note."""
+def timed_grade(course: Path, jobs: int, lab: str = LAB) -> tuple[float, float, list[float]]:
+    """Wall and CPU seconds to grade the class, and every row's score."""
     t0, c0 = time.perf_counter(), cpu_seconds()
-    rows = grade(course, LAB, jobs=jobs, limits=Limits(memory_mb=2048), progress=False)
+    rows = grade(course, lab, jobs=jobs, limits=Limits(memory_mb=2048), progress=False)
     seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-    return seconds, cpu, [f"{r.student}: {r.score:g}/{r.max_score:g} {r.notes}" for r in rows
-                          if not (r.score == r.max_score > 0 and not r.notes)]
+    return seconds, cpu, [r.score for r in rows]
 
 
-def timed_nbgrader(course: Path) -> tuple[float, float, bool]:
+def timed_old(course: Path, jobs: int, lab: str, checkout: Path) -> tuple[float, float, list[float]]:
+    """The same, with the grader of ``checkout`` (run in a child process)."""
+    c0 = cpu_seconds()
+    env = dict(os.environ, PYTHONPATH=str(checkout))
+    proc = subprocess.run([sys.executable, "-c", OLD_DRIVER, str(course), lab, str(jobs)], env=env, capture_output=True,
+                          text=True, cwd=checkout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the grader of {checkout} failed:\n{proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out["seconds"], cpu_seconds() - c0, out["scores"]
+
+
+def timed_nbgrader(course: Path, lab: str = LAB) -> tuple[float, float, bool]:
     t0, c0 = time.perf_counter(), cpu_seconds()
-    proc = nbgrader(course, "autograde", LAB, "--force")
+    proc = nbgrader(course, "autograde", lab, "--force")
     return time.perf_counter() - t0, cpu_seconds() - c0, proc.returncode == 0
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lab", default=LAB)
     p.add_argument("--submissions", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=2, help="sandbox/plain rounds, alternating")
+    p.add_argument("--rounds", type=int, default=2, help="grader/plain(/old) rounds, alternating")
+    p.add_argument("--jobs", type=int, default=1, help="workers of the grader (and of --old's)")
     p.add_argument("--parallel", action="store_true", help="also grade with one worker per core")
-    p.add_argument("--jobs", type=int, default=default_jobs())
+    p.add_argument("--old", default=None, help="an earlier checkout whose grader is timed beside this one")
+    p.add_argument("--no-plain", action="store_true", help="skip plain nbgrader")
     args = p.parse_args()
-    sandbox, plain, sandbox_cpu, plain_cpu, bad, plain_ok = [], [], [], [], [], True
+    new, new_cpu, plain, plain_cpu, old, old_cpu, plain_ok = [], [], [], [], [], [], True
+    scores, old_scores = [], []
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-") as tmp:
-        course = make_class(Path(tmp), args.submissions)
+        course = make_class(Path(tmp), args.submissions, args.lab)
         for _ in range(args.rounds):
-            seconds, cpu, wrong = timed_grade(course, 1)
-            sandbox.append(seconds)
-            sandbox_cpu.append(cpu)
-            bad += wrong
-            seconds, cpu, ok = timed_nbgrader(course)
-            plain.append(seconds)
-            plain_cpu.append(cpu)
-            plain_ok &= ok
+            seconds, cpu, got = timed_grade(course, args.jobs, args.lab)
+            new.append(seconds)
+            new_cpu.append(cpu)
+            scores = got
+            if args.old:
+                seconds, cpu, got = timed_old(course, args.jobs, args.lab, Path(args.old))
+                old.append(seconds)
+                old_cpu.append(cpu)
+                old_scores = got
+            if not args.no_plain:
+                seconds, cpu, ok = timed_nbgrader(course, args.lab)
+                plain.append(seconds)
+                plain_cpu.append(cpu)
+                plain_ok &= ok
         n = args.submissions * args.rounds
         out = {
-            "benchmark": "grading", "lab": LAB, "submissions": args.submissions, "rounds": args.rounds,
-            "cores": default_jobs(), "machine": platform.machine(), "device": "cpu",
-            "sandbox_s": [round(s, 1) for s in sandbox], "nbgrader_s": [round(s, 1) for s in plain],
-            "sandbox_s_per_submission": round(sum(sandbox) / n, 2),
-            "nbgrader_s_per_submission": round(sum(plain) / n, 2),
-            "sandbox_overhead": round(sum(sandbox) / sum(plain), 2),
-            # CPU time barely depends on what else the machine runs: the steadier figure on a shared machine
-            "sandbox_cpu_s_per_submission": round(sum(sandbox_cpu) / n, 2),
-            "nbgrader_cpu_s_per_submission": round(sum(plain_cpu) / n, 2),
-            "sandbox_cpu_overhead": round(sum(sandbox_cpu) / sum(plain_cpu), 2),
-            "load_avg_1min": round(os.getloadavg()[0], 1),
-            "all_full_marks": not bad, "nbgrader_ok": plain_ok,
+            "benchmark": "grading", "lab": args.lab, "submissions": args.submissions, "rounds": args.rounds,
+            "jobs": args.jobs, "cores": default_jobs(), "machine": platform.machine(), "device": "cpu",
+            "grader_s": [round(s, 1) for s in new], "grader_s_per_submission": round(sum(new) / n, 2),
+            "grader_cpu_s_per_submission": round(sum(new_cpu) / n, 2),
+            "load_avg_1min": round(os.getloadavg()[0], 1), "scores": sorted(set(scores)),
         }
-        if bad:
-            out["not_full"] = bad[:5]
+        if plain:
+            out.update(nbgrader_s=[round(s, 1) for s in plain], nbgrader_s_per_submission=round(sum(plain) / n, 2),
+                       sandbox_overhead=round(sum(new) / sum(plain), 2),
+                       # CPU time barely depends on what else the machine runs: the steadier figure
+                       sandbox_cpu_overhead=round(sum(new_cpu) / sum(plain_cpu), 2), nbgrader_ok=plain_ok)
+        if old:
+            out.update(old_s=[round(s, 1) for s in old], vs_old=round(sum(new) / sum(old), 2),
+                       vs_old_cpu=round(sum(new_cpu) / sum(old_cpu), 2), old_scores=sorted(set(old_scores)))
         if args.parallel:
-            parallel_s, _, wrong = timed_grade(course, args.jobs)
-            out.update(jobs=args.jobs, parallel_s=round(parallel_s, 1),
-                       speedup=round(sandbox[-1] / parallel_s, 2), all_full_marks=not bad and not wrong)
+            parallel_s, _, _ = timed_grade(course, default_jobs(), args.lab)
+            out.update(parallel_jobs=default_jobs(), parallel_s=round(parallel_s, 1),
+                       speedup=round(new[-1] / parallel_s, 2))
     print(json.dumps(out))
 
 

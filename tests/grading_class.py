@@ -479,7 +479,8 @@ def cases(course: Path) -> dict[str, Case]:
         "planted": Case(answers=BLANK, plant=True, score=0, note=r"the submission held links or special files"),
         **({"killer": Case(answers={"to_device_impl": KILLER.format(grader=os.getpid(), solution="{solution}")},
                            note=r"tried to send signal to pid")} if landlock_abi() >= 6 else {}),
-        "leaker": Case(answers={"choose_backend_impl": LEAK, "place_ranks_impl": LEAK_LATER}, score=6,
+        # its choose_backend also takes world_size=2.0, which the hidden tests refuse: 4, not 6
+        "leaker": Case(answers={"choose_backend_impl": LEAK, "place_ranks_impl": LEAK_LATER}, score=4,
                        note=r"the callers. frames"),
     }
 
@@ -722,7 +723,7 @@ found = []
 for top in ("/opt", "/srv", "/home", "/root", "/mnt", "/media", "/var", "/work", {clone_parent!r}):
     for dirpath, dirnames, filenames in os.walk(top):
         for name in filenames:
-            if name.endswith(".ipynb"):
+            if name == "00_setup.ipynb":  # the course's lab 00, with its hidden tests and solutions
                 try:
                     if "BEGIN HIDDEN TESTS" in open(os.path.join(dirpath, name), errors="replace").read():
                         found.append(os.path.join(dirpath, name))

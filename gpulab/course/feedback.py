@@ -44,6 +44,7 @@ from traitlets import Bool
 from gpulab.course import integrity
 from gpulab.course.links import read_regular
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
+from gpulab.course.students import alias, from_csv
 
 BEGIN, END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 
@@ -171,7 +172,7 @@ class HideHiddenTests(ClearHiddenTests):
             self._secrets = secret_lines(specs, Path.cwd() / "source" / lab)
             student = info.get("student")
             if student:
-                self._own = submitted_lines(Path.cwd() / "submitted" / student / lab)
+                self._own = submitted_lines(submitted_folder(Path.cwd(), student, lab))
         return super().preprocess(nb, resources)
 
     def preprocess_cell(self, cell: NotebookNode, resources: Any, index: int) -> tuple[NotebookNode, Any]:
@@ -264,6 +265,17 @@ def leaks(page: str, lines: set[str], own: set[str] = frozenset()) -> list[str]:
     return shows(html_text(page, lines=True), lines, own)
 
 
+def submitted_folder(course: Path, student: str, lab: str) -> Path:
+    """``submitted/<id>/<lab>/`` of the student nbgrader knows as ``student`` (the id, or its alias)."""
+    folder = course / "submitted" / student / lab
+    if folder.is_dir() or not (course / "submitted").is_dir():
+        return folder
+    for path in (course / "submitted").iterdir():
+        if alias(path.name) == student:
+            return path / lab
+    return folder
+
+
 def submitted_lines(folder: Path, max_bytes: int = 100 * 2**20) -> set[str]:
     """Every line of every notebook the student handed in (``submitted/<student>/<lab>/``): a hidden line
     the student wrote there (``from gpulab.grading import lab00``) is no secret on their own page. Only
@@ -290,9 +302,10 @@ def _note_pages(course: Path, lab: str, notebooks: list[str]) -> int:
     written = 0
     with open(path) as fh:
         for row in csv.DictReader(fh):
-            if row["lab"] != lab or (course / "autograded" / row["student"] / lab).exists():
+            student = alias(from_csv(row["student"]))
+            if row["lab"] != lab or (course / "autograded" / student / lab).exists():
                 continue
-            out = course / "feedback" / row["student"] / lab
+            out = course / "feedback" / student / lab
             out.mkdir(parents=True, exist_ok=True)
             body = (f"<h1>{html.escape(lab)}: {html.escape(row['score'])} / {html.escape(row['max_score'])}</h1>"
                     f"<p>Your submission could not be graded: {html.escape(row['notes'])}</p>")
@@ -377,8 +390,8 @@ def feedback(course: str | Path, lab: str | None = None) -> dict[str, dict[str, 
                     _unrenderable_page(course, name, student, sorted(specs), why)
         lines = hidden_lines(specs)  # (solutions are no secret on the page: a student's own code may match them)
         for page in sorted(course.glob(f"feedback/*/{name}/*.html")):
-            student = page.parent.parent.name
-            found = leaks(page.read_text(errors="replace"), lines, submitted_lines(course / "submitted" / student / name))
+            own = submitted_lines(submitted_folder(course, page.parent.parent.name, name))
+            found = leaks(page.read_text(errors="replace"), lines, own)
             if found:
                 page.write_text(WITHHELD.format(lab=html.escape(name)))  # never released as it was
                 entry["leaks"][str(page)] = found

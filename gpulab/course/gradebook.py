@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import SAWarning
 
-from gpulab.course import links
+from gpulab.course import links, students
 from gpulab.course.sandbox import SandboxResult
 
 BACKUPS_KEPT = 5
@@ -68,7 +68,7 @@ def backup(course: Path) -> Path:
 
 def _replace_autograded(course: Path, result: SandboxResult, max_bytes: int) -> list[str]:
     """Swap in the new autograded copy (regular notebooks only) in one rename; return what was skipped."""
-    dest = Path(course) / "autograded" / result.student / result.lab
+    dest = Path(course) / "autograded" / students.alias(result.student) / result.lab
     dest.parent.mkdir(parents=True, exist_ok=True)
     new, old = dest.with_name(f".{dest.name}.new"), dest.with_name(f".{dest.name}.old")
     for stale in (new, old):
@@ -94,14 +94,18 @@ def merge(course: Path, result: SandboxResult, max_bytes: int = 100 * 2**20) -> 
     from nbgrader.api import Gradebook
 
     graded = result.status == "graded" and result.autograded is not None
+    student = students.alias(result.student)  # nbgrader's tools (export, feedback, formgrader) need a plain name
+    if student != result.student:
+        result.notes.append(f"its id is not a plain name: in nbgrader's gradebook, autograded/ and feedback/ it is "
+                            f"{student}")
     with Gradebook(db_url(course), course_id="") as gb, warnings.catch_warnings():
         # nbgrader's add_submission builds rows through relationships; SQLAlchemy warns about its
         # autoflush order on every new submission (nbgrader's own autograde does the same).
         warnings.simplefilter("ignore", category=SAWarning)
         try:
-            gb.update_or_create_student(result.student)
+            gb.update_or_create_student(student)
             kwargs = {"timestamp": result.timestamp} if result.timestamp is not None else {}
-            sub = gb.update_or_create_submission(result.lab, result.student, **kwargs)
+            sub = gb.update_or_create_submission(result.lab, student, **kwargs)
             for nb in sub.notebooks:
                 if graded:
                     nb.late_submission_penalty = result.late_penalties.get(nb.name)
@@ -116,12 +120,12 @@ def merge(course: Path, result: SandboxResult, max_bytes: int = 100 * 2**20) -> 
                 if skipped:
                     result.notes.append(f"autograded files not copied back: {', '.join(skipped)}")
             else:  # as `nbgrader autograde --force` does; a stale copy would contradict the gradebook
-                shutil.rmtree(Path(course) / "autograded" / result.student / result.lab, ignore_errors=True)
+                shutil.rmtree(Path(course) / "autograded" / student / result.lab, ignore_errors=True)
             gb.db.commit()
         except BaseException:
             gb.db.rollback()
             raise
-        sub = gb.find_submission(result.lab, result.student)
+        sub = gb.find_submission(result.lab, student)
         score, max_score = float(sub.score), float(sub.max_score)
         if graded:
             written, other = _waiting(sub)
@@ -147,8 +151,10 @@ def _waiting(sub: object) -> tuple[float, float]:
 
 
 def scores(course: Path, lab: str, student: str) -> tuple[float, float]:
-    """(score, max_score) of one submission in the course gradebook."""
+    """(score, max_score) of one submission in the course gradebook (``student``: the id in submitted/)."""
     from nbgrader.api import Gradebook
+
+    student = students.alias(student)
 
     with Gradebook(db_url(course), course_id="") as gb:
         sub = gb.find_submission(lab, student)

@@ -18,6 +18,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client import AsyncKernelManager
 from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.channels import AsyncZMQSocketChannel
 from traitlets import DottedObjectName, Integer, List, Type, Unicode
 
 from gpulab.course import isolation
@@ -25,6 +26,24 @@ from gpulab.course import isolation
 # The largest message nbgrader reads from the kernel: past it, libzmq drops the connection instead
 # of reading the message into nbgrader's memory. A plot is well under 1 MiB.
 MAX_MESSAGE_BYTES = 32 * 2**20
+
+
+class TolerantChannel(AsyncZMQSocketChannel):
+    """A channel that drops a message it cannot read (a bad signature, torn frames: a kernel that ran
+    out of threads mid-send, or forged bytes) instead of failing the whole grading run; what the
+    message carried is then missing, which fails only what needed it."""
+
+    async def _recv(self, **kwargs: object) -> dict:
+        while True:
+            msg = await self.socket.recv_multipart(**kwargs)
+            try:
+                _, smsg = self.session.feed_identities(msg)
+                return self.session.deserialize(smsg)
+            except (ValueError, TypeError, KeyError) as err:
+                self.dropped = getattr(self, "dropped", 0) + 1
+                if self.dropped <= 3:
+                    print(f"gpulab: dropped a message the kernel sent that could not be read ({str(err)[:80]})",
+                          file=sys.stderr, flush=True)
 
 
 class CappedKernelClient(AsyncKernelClient):
@@ -36,6 +55,9 @@ class CappedKernelClient(AsyncKernelClient):
     ends the session): :meth:`iopub_lost` notices that, and :meth:`reopen_iopub` connects a new
     IOPub socket and waits until the kernel's messages arrive again.
     """
+
+    shell_channel_class = Type(TolerantChannel)
+    iopub_channel_class = Type(TolerantChannel)
 
     def _context_default(self) -> zmq.asyncio.Context:
         self._created_context = True

@@ -5,7 +5,9 @@ glob pattern: an id that starts with ``-`` is taken for an option, one with ``*`
 other students' folders, and a newline breaks a log line. A spreadsheet reads a cell that starts
 with ``=``, ``+``, ``-`` or ``@`` as a formula. So the grader never passes an id to nbgrader as it
 is: each submission is graded inside its grading copy under :func:`alias` (the id itself when it is
-plain, else a name derived from it), and written back under the real id; ``grades.csv`` escapes
+plain, else a name derived from it). In nbgrader's own folders and gradebook (``autograded/``,
+``feedback/``, the formgrader, ``nbgrader export``) such a student is the alias, which its tools can
+read; ``grades.csv`` has the id as the student wrote it, with a note naming the alias, and escapes
 formula prefixes (:func:`csv_cell`).
 """
 
@@ -33,6 +35,11 @@ def alias(student: str) -> str:
 def csv_cell(text: str) -> str:
     """``text`` as a spreadsheet will show it, never run it (OWASP's CSV injection advice: a leading ')."""
     return "'" + text if text.startswith(FORMULA) else text
+
+
+def from_csv(cell: str) -> str:
+    """The id :func:`csv_cell` escaped, as it was."""
+    return cell[1:] if cell.startswith("'") and cell[1:].startswith(FORMULA) else cell
 
 
 def shown(student: str) -> str:

@@ -109,6 +109,180 @@ subprocess.Popen(["sleep", "{os.getpid() % 10000 + 40000}"], start_new_session=T
     try:
         proc = subprocess.run(sub.wrap([sys.executable, "-c", code], report=report), capture_output=True, text=True,
                               timeout=120)
+    finally:
+        peaks = sub.finish()
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert "pids [1, 2]" in out and "tmp_mb 32" in out and "shm_mb 16" in out and "shm full: 28" in out
+    assert "pts ['ptmx']" in out and "nics ['lo']" in out
+    assert not Path(f"/tmp/{tag}").exists() and not Path(f"/dev/shm/{tag}").exists()
+    assert not any(p.info["cmdline"] == ["sleep", str(os.getpid() % 10000 + 40000)]
+                   for p in psutil.process_iter(["cmdline"]))
+    left = json.loads(report.read_text())
+    assert left["left_running"] == ["sleep"] and left["shm_used_mb"] >= 15
+    notes = isolation_notes(peaks, 128, 1024, report, tmp_mb=32, shm_mb=16)
+    assert any("filled its private /dev/shm" in n for n in notes)
+    assert any("1 process(es) it started outlived its kernel (sleep)" in n for n in notes)
+
+
+@needs_ns
+def test_a_checkout_under_tmp_stays_reachable_and_nothing_else_of_tmp(tmp_path: Path) -> None:
+    """A clone (and its venv) under /tmp: the private /tmp binds it back, read-only, with what no kernel
+    may read (the course, .git) masked in it; a classmate's file beside it is not there. A command that cannot start says why (it was exit 127 and no message)."""
+    assert str(tmp_path.resolve()).startswith("/tmp/"), "pytest's tmp_path is expected under /tmp"
+    kept, beside = tmp_path / "checkout", tmp_path / "beside.txt"
+    (kept / "notebooks" / "source").mkdir(parents=True)
+    (kept / "inside.txt").write_text("kept")
+    (kept / "notebooks" / "source" / "answers.txt").write_text("secret")
+    (kept / "HEAD").write_text("secret")
+    beside.write_text("secret")
+    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "16", "--shm-mb", "16", *isolation._keep_args(isolation.kernel_paths()),
+            "--keep", str(kept), "--mask", str(kept / "notebooks"), "--mask", str(kept / "HEAD"), "--mask", "/var/nope"]
+    code = f"""import os
+try:
+    open({str(kept / 'new.txt')!r}, "w")
+    written = "written"
+except OSError as err:
+    written = os.strerror(err.errno).replace(" ", "-")
+print(open({str(kept / 'inside.txt')!r}).read(), os.path.exists({str(beside)!r}), written,
+      os.listdir({str(kept / 'notebooks')!r}), repr(open({str(kept / 'HEAD')!r}).read()))"""
+    unshare = ["unshare", *isolation._unshare_flags(PLAN.root), "--"]
+    proc = subprocess.run([*unshare, *init, "--", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["kept", "False", "Read-only-file-system", "[]", "''"], \
+        (proc.stdout, proc.stderr)  # the masked course folder and file: empty to any program, cat included
+    assert not (kept / "new.txt").exists()
+    proc = subprocess.run([*unshare, *init, "--", str(tmp_path / "no-such-python")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 127 and "cannot start" in proc.stderr and "no-such-python" in proc.stderr, proc.stderr
+
+
+@needs_root
+def test_the_kernel_runs_under_an_unused_uid_with_no_capabilities_and_cannot_type_into_a_terminal() -> None:
+    sub = isolation.Submission(PLAN, pids_max=128, memory_mb=0, tmp_mb=32, shm_mb=32)
+    master, slave = os.openpty()
+    tty.setraw(slave)  # a keystroke is readable at once, without a newline
+    code = f"""
+import fcntl, os, termios
+print("uid", os.getuid(), os.getgid(), os.getgroups())
+print([line for line in open("/proc/self/status") if line.startswith("CapEff")][0].split()[1])
+try:
+    fd = os.open({os.ttyname(slave)!r}, os.O_RDONLY | os.O_NOCTTY)
+    fcntl.ioctl(fd, termios.TIOCSTI, b"x")
+    print("TYPED")
+except OSError as err:
+    print("refused", err.errno)
+"""
+    try:
+        prefix = sub.kernel_prefix()
+        assert "setpriv" in prefix
+        proc = subprocess.run(prefix + [sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        # the same attack as root, with no prefix: typed (so the check above can fail)
+        root = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    finally:
+        sub.finish()
+    assert f"uid {sub.uid} {sub.uid} []" in proc.stdout and sub.uid in isolation.KERNEL_UIDS, proc.stdout + proc.stderr
+    assert "0000000000000000" in proc.stdout and "TYPED" not in proc.stdout and "refused" in proc.stdout
+    assert "TYPED" in root.stdout
+    os.set_blocking(slave, False)
+    assert os.read(slave, 10) == b"x"  # root's keystroke, and only it
+    with pytest.raises(BlockingIOError):
+        os.read(slave, 10)
+    os.close(master)
+    os.close(slave)
+
+
+def _weak(plan: isolation.Plan) -> isolation.Plan:
+    """This machine's plan, with the user namespaces, the kernel's uid and the cgroups taken away."""
+    return replace(plan, namespaces=False, why_not_namespaces="unshare failed: simulated", kernel_uid=False,
+                   cgroups=cgroups.Support(why_not={"pids.max": "simulated", "memory": "simulated"}))
+
+
+def test_a_missing_layer_is_named_in_the_refusal_with_the_flag() -> None:
+    weak = _weak(PLAN)
+    names = [layer.name for layer in weak.off()]
+    assert names[:4] == ["kernel identity", "namespaces", "cgroup limits", "whole-group kill"]
+    text = weak.refusal()
+    assert "namespaces: unshare failed: simulated" in text and "ALLOW_WEAKER_SANDBOX=1" in text
+    assert "--allow-weaker-sandbox" in text
+    assert weak.note().startswith("graded with weaker isolation: kernel identity off")
+    assert PLAN.note() == "" or PLAN.off()  # the full plan adds no note
+
+
+@pytest.mark.notebook
+@pytest.mark.timeout(600)
+def test_make_grade_refuses_a_weaker_sandbox_unless_allowed_and_notes_it(tmp_path: Path, monkeypatch, capsys) -> None:
+    import csv
+    import shutil
+
+    from conftest import COURSE
+
+    from gpulab.course.__main__ import main as course_main
+    from gpulab.course.release import release
+
+    shutil.copytree(COURSE / "source", tmp_path / "source")
+    shutil.copy(COURSE / "nbgrader_config.py", tmp_path)
+    release(tmp_path, "00_setup")
+    shutil.copytree(tmp_path / "source" / "00_setup", tmp_path / "submitted" / "alice" / "00_setup")
+    monkeypatch.setattr(isolation, "detect", lambda *a, **k: _weak(PLAN))
+    args = ["grade", "--course", str(tmp_path), "--lab", "00_setup", "--jobs", "1", "--quiet"]
+    assert course_main(args) == 2
+    out, err = capsys.readouterr()
+    assert "OFF  namespaces: unshare failed: simulated" in out and "--allow-weaker-sandbox" in err
+    assert not (tmp_path / "grades.csv").exists()
+    t0 = time.monotonic()
+    assert course_main(args + ["--allow-weaker-sandbox"]) == 0
+    out, _ = capsys.readouterr()
+    with open(tmp_path / "grades.csv") as fh:
+        [row] = list(csv.DictReader(fh))
+    assert float(row["score"]) == float(row["max_score"]) > 0, (row, time.monotonic() - t0)
+    assert "graded with weaker isolation: kernel identity off" in row["notes"] and "cgroup limits off" in row["notes"]
+    assert "graded with weaker isolation" in out
+
+
+@needs_ns
+def test_the_rest_of_the_machine_is_hidden_and_the_folders_have_quotas() -> None:
+    """In a submission's namespaces only the system, this Python, gpulab and the grading folder are
+    there: a second clone of the course elsewhere is not. What the kernel writes in its folders
+    counts against a size and a file cap of their own, and the folder given to --copy-back comes
+    back out once the command ends."""
+    import shutil
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="gpulab-quota-", dir="/var/tmp"))  # where grade puts its folders
+    elsewhere = Path("/opt") if os.access("/opt", os.W_OK) else Path.home()
+    clone = elsewhere / f"gpulab-clone-test-{os.getpid()}"
+    (clone / "notebooks").mkdir(parents=True)
+    (clone / "notebooks" / "answers.ipynb").write_text("BEGIN SOLUTION")
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    for d in (work, tmp):
+        d.mkdir()
+    (tmp / "given.txt").write_text("copied in")
+    report = tmp_path / "ns.json"
+    code = f"""
+import os
+print("clone seen" if os.path.exists({str(clone)!r}) else "clone hidden")
+print("given:", open({str(tmp / "given.txt")!r}).read())
+try:
+    with open({str(work / "big.bin")!r}, "wb") as fh:
+        for _ in range(64):
+            fh.write(b"x" * 2**20)
+except OSError as err:
+    print("disk full:", err.errno)
+for i in range(5000):
+    try:
+        open(f"{str(tmp)}/f{{i}}", "w").close()
+    except OSError as err:
+        print("files refused at", i)
+        break
+open({str(work / "result.ipynb")!r}, "w").write("kept")
+"""
+    sub = isolation.Submission(replace(PLAN, cgroups=cgroups.Support()), pids_max=256, memory_mb=0, tmp_mb=16,
+                               shm_mb=16, visible=[str(tmp_path)], quotas=[f"{work}:16:1000", f"{tmp}:16:1000"],
+                               copy_back=[str(work)])
+    try:
+        proc = subprocess.run(sub.wrap([sys.executable, "-c", code], report=report), capture_output=True, text=True,
+                              timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert "clone hidden" in proc.stdout and "given: copied in" in proc.stdout, proc.stdout
         assert "disk full: 28" in proc.stdout and "files refused at" in proc.stdout, proc.stdout
