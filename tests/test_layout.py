@@ -167,14 +167,13 @@ def test_old_names_used_by_saved_notebooks_are_the_new_objects() -> None:
     from gpulab.parallel.ddp import examples, timing
     from gpulab.parallel.ddp_check import torch_ddp_steps
     from gpulab.parallel.ddp_timing import deep_mlp
-    from gpulab.parallel.pipeline_grading import check_overlap_speedup, check_stages_overlap, run_with_timeout
+    from gpulab.parallel.pipeline_grading import run_with_timeout
     from gpulab.workloads import demo_loader, demo_step
 
     assert compare_with_single_process is lab06.compare_with_single_process
     assert compare_amp_steps is lab06.compare_amp_steps and check_ddp_wrapping is lab06.check_ddp_wrapping
     assert torch_ddp_steps is examples.torch_ddp_steps and deep_mlp is timing.deep_mlp
-    assert (check_overlap_speedup, check_stages_overlap, run_with_timeout) == (
-        lab07.check_overlap_speedup, lab07.check_stages_overlap, lab07.run_with_timeout)
+    assert run_with_timeout is lab07.run_with_timeout
     assert importlib.import_module("gpulab.doctor").Facts is doctor.Facts
     workloads = importlib.import_module("gpulab.profiling.workloads")
     assert (demo_loader, demo_step) == (workloads.demo_loader, workloads.demo_step)

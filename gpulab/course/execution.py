@@ -15,6 +15,7 @@ stopped: a student sees the cause, not a ``NameError`` two cells later.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from nbformat.notebooknode import NotebookNode
@@ -67,3 +68,21 @@ def configure(c: Any) -> None:
     c.Execute.error_on_timeout = timeout_error()
     # Validate (the button and `make check`) runs nbgrader's Execute; this one names a cell stopped by the limit
     Validator.preprocessors = [CheckCellMetadata, ClearOutput, ValidateExecute]
+
+
+# Validate in the student's JupyterLab (which serves work/, where the course's nbgrader_config.py is
+# not) and `make check` read this, from JUPYTER_CONFIG_PATH: the same limits as the grader.
+STUDENT_NBGRADER_CONFIG = """# written by gpulab (make lab, make check): the course's execution limits (gpulab/course/execution.py)
+from gpulab.course.execution import configure
+
+configure(get_config())  # noqa: F821 - provided by nbgrader
+"""
+
+
+def write_nbgrader_config(folder: str | Path) -> Path:
+    """Write the student's ``nbgrader_config.py`` (which calls :func:`configure`) into ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "nbgrader_config.py"
+    path.write_text(STUDENT_NBGRADER_CONFIG)
+    return path

