@@ -7,7 +7,8 @@ lab 01's hidden tests compare the student's versions with:
   what NVML's GPU-Util approximates by sampling;
 - :func:`sm_activity` - the share of the device's SMs that worked, time-averaged: what GPU-Util
   does *not* show (one tiny kernel reads 100 % GPU-Util);
-- :func:`classify` - ``"compute"``, ``"data"``, ``"copy"``, ``"sync"`` or ``"host"``-bound;
+- :func:`classify` - ``"compute"``, ``"data"``, ``"copy"``, ``"sync"`` or ``"host"``-bound
+  (:func:`classify_profile` reads the two figures off a profile, as lab 01's exercise does);
 - :func:`workers_advice` / :func:`verdict` - one sentence with a recommendation that is derived
   from the loader's ``num_workers`` and the machine's core count (the source posts swept
   ``num_workers`` from 2 to 10 by hand on 16 cores and settled on 4).
@@ -15,9 +16,9 @@ lab 01's hidden tests compare the student's versions with:
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
-__all__ = ["busy_fraction", "sm_activity", "classify", "suggested_workers", "workers_advice", "verdict", "COMPUTE_BOUND_AT", "PHASES"]
+__all__ = ["busy_fraction", "sm_activity", "classify", "classify_profile", "suggested_workers", "workers_advice", "verdict", "COMPUTE_BOUND_AT", "PHASES"]
 
 #: A loop whose device is busy at least this share of the time is compute-bound.
 COMPUTE_BOUND_AT = 0.85
@@ -108,6 +109,12 @@ def classify(busy: float, fractions: Mapping[str, float]) -> str:
     if busy >= COMPUTE_BOUND_AT:
         return "compute"
     return max(PHASES, key=lambda k: (fractions.get(k, 0.0), -PHASES.index(k)))
+
+
+def classify_profile(profile: Any) -> str:
+    """:func:`classify` of a profile, from its ``busy_fraction`` and ``fractions`` alone (lab 01's
+    exercise: not from ``profile.bound``)."""
+    return classify(profile.busy_fraction, profile.fractions)
 
 
 def suggested_workers(cpu_count: int) -> tuple[int, int]:

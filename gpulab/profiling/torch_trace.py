@@ -22,8 +22,9 @@ What is recorded (PyTorch's profiler recipe, "Using profiler to analyze executio
   ``active`` ones are kept; each step is a ``ProfilerStep#N`` range, N counting from 0;
 - the file is written once, when the active steps are done (``on_trace_ready``).
 
-:func:`top_ops` and :func:`label_shares` read ``key_averages()``: they are the references lab 01's
-exercise is graded against.
+:func:`top_ops` and :func:`label_shares` read ``key_averages()``, and :func:`profile_training` records
+a few training steps with ``torch.profiler`` directly: they are the references lab 01's exercises are
+graded against.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any, ContextManager, Iterable, Sequence
 import torch
 from torch.profiler import ProfilerActivity, record_function
 
-__all__ = ["TorchTrace", "DATA_WAIT", "COPY", "COMPUTE", "LABELS", "label", "top_ops", "label_shares",
+__all__ = ["TorchTrace", "DATA_WAIT", "COPY", "COMPUTE", "LABELS", "label", "top_ops", "label_shares", "profile_training",
            "check_trace_path"]
 
 # The record_function labels profile_loop puts around each phase of a step.
@@ -223,3 +224,32 @@ def label_shares(averages: Iterable[Any], labels: Sequence[str] = LABELS) -> dic
         raise ValueError(f"labels {missing} are not in this profile; it has e.g. "
                          f"{[k for k in totals if not k.startswith('aten::')][:8]}")
     return {name: totals[name] / steps_us for name in labels}
+
+
+def profile_training(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor,
+                     targets: torch.Tensor, trace_path: str | os.PathLike, active: int = 3) -> torch.profiler.profile:
+    """Record ``2 + active`` training steps with torch.profiler (wait 1, warm up 1, keep ``active``).
+
+    Each step is labelled ``forward`` (the model and ``F.cross_entropy``), ``backward`` and
+    ``optimizer`` (``step`` then ``zero_grad``); the trace is written to ``trace_path`` after the
+    session ends. CUDA activities are recorded when ``inputs`` are on a GPU.
+
+    Returns:
+        The profiler (``key_averages()`` holds the ``active`` steps).
+    """
+    acts = [ProfilerActivity.CPU]
+    if inputs.device.type == "cuda" and ProfilerActivity.CUDA in torch.profiler.supported_activities():
+        acts.append(ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts,
+                                schedule=torch.profiler.schedule(wait=1, warmup=1, active=active)) as prof:
+        for _ in range(2 + active):
+            with record_function("forward"):
+                loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            prof.step()
+    prof.export_chrome_trace(str(trace_path))
+    return prof
