@@ -1,49 +1,70 @@
-"""Lab 02's graders: what a student's input pipeline *does*, measured where it cannot be told.
+"""Lab 02's graders: what a student's input pipeline *does*, observed where it cannot be told.
 
 Nothing here reads an attribute the student's objects expose about themselves (a ``factor``, a
-``dataset``, a dtype flag). Each grader builds the probe it reads:
+``dataset``, a dtype flag), and nothing decides a verdict: each function runs the student's code
+on inputs drawn from the grading run's seed and returns what it saw, as plain values, for a test
+cell to send; the expected values are the same observations of gpulab's references, computed
+only in the reference kernel (``grading.by_reference``).
 
-- :func:`check_echo`: a ``BatchEcho`` class is given a counting loader owned by the grader, which
-  records every batch it hands out; the echo factor is *yields per load*, and the order must be
-  each loaded batch ``factor`` times in a row, loaded lazily, once per epoch.
-- :func:`check_cache`: a ``DecodedCache`` class is given a dataset owned by the grader that
-  counts ``load`` (decoding) and ``transform`` (augmentation) calls per index.
-- :func:`probe_pipeline` / :func:`check_pipeline`: ``make_pipeline(setup, accel)`` receives a
-  :class:`~gpulab.data.crossing.TransferLog`, and its batches are copied through one: the dtype
-  that crosses to the device, the dtype the model receives, whether the model's inputs are the
-  crossed uint8 images normalised (i.e. normalised after the copy, on the device), and how many
-  crossed samples were repeats (:attr:`~gpulab.data.crossing.TransferLog.echo`) are all
-  measured; then the pipeline is timed beside the baseline by
-  :func:`~gpulab.data.pipelines.compare_pipelines`, which counts fresh samples the same way.
+- :func:`observe_echo`: a ``BatchEcho`` class over loaders that record every batch they hand out:
+  which loaded batch each yield is, loads before the first yield, passes per epoch.
+- :func:`observe_cache`: a ``DecodedCache`` class over a dataset that counts ``load`` (decoding)
+  and ``transform`` (augmentation) calls, its reads under fixed random states, and what forked
+  DataLoader workers read through it.
+- :func:`observe_normalize`: ``to_device_normalize``'s values and the dtype that crossed.
+- :class:`PipelineRecorder`, :func:`run_epoch`, :func:`probe_pipeline`, :func:`timed_setup`: an
+  epoch of a ``make_pipeline(setup, accel)`` pipeline, copied through an accelerator that records
+  what crosses and what the model receives, summed up as a result that depends on every sample
+  delivered but not on the order or on the random augmentation (:func:`canonical_digests`); the
+  grader times such epochs itself (``grading.check_speedup``).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Any, Callable
+import statistics
+import time
+from collections import Counter
+from dataclasses import replace
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
 
+from gpulab.accel.base import Accelerator
 from gpulab.data.caching import InMemoryCache
-from gpulab.data.crossing import TransferLog
+from gpulab.data.crossing import TransferLog, sample_fingerprints
 from gpulab.data.echo import BatchEcho
-from gpulab.data.pipelines import Comparison, PipelineSetup, baseline_pipeline, compare_pipelines, tuned_pipeline
+from gpulab.data.pipelines import PipelineSetup, tuned_pipeline
 from gpulab.data.synthetic import SyntheticImages
-from gpulab.data.transfer import normalize_on_host, to_device_normalize
-from gpulab.grading.checks import GradingError, check_not_calling
+from gpulab.data.transfer import normalize_on_host, record_moves, to_device_normalize
+from gpulab.data.workers import make_loader
+from gpulab.devices.batches import tree_tensors
 
-__all__ = ["REFERENCES", "check_echo", "EchoReport", "check_cache", "probe_pipeline", "PipelineProbe", "check_pipeline",
-           "PipelineReport"]
+__all__ = ["REFERENCES", "outcome", "observe_echo", "echo_cases", "observe_echo_loader", "bad_factors", "observe_cache",
+           "reference_cache", "normalize_cases", "observe_normalize", "canonical_digests", "PipelineRecorder",
+           "run_epoch", "device_only", "probe_pipeline", "timed_setup", "PAD"]
 
-# gpulab's reference implementations of this lab's exercises: a test cell passes them to
-# grading.check_not_calling(..., forbidden=REFERENCES) so that a submission cannot call them.
+# gpulab's reference implementations of this lab's exercises, masked in a graded kernel
+# (gpulab.course.mask): the normalisation (on the device, and the naive host version it must match),
+# the cache, the echo, and the tuned pipeline that assembles them. The baseline pipeline and the
+# instruments (TransferLog, record_moves, profile_loop) stay: the demos and these graders use them.
 REFERENCES: tuple = (to_device_normalize, normalize_on_host, InMemoryCache, BatchEcho, tuned_pipeline)
 
+PAD = 4  # SyntheticImages' crop padding: an augmented image is its decoded image shifted by at most 4 pixels
 
-def _fail(what: str, detail: str, hint: str = "") -> None:
-    raise GradingError(f"{what}: {detail}" + (f"\n  Hint: {hint}" if hint else ""))
+
+def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, or ``"raises <ExceptionType>"`` (any ValueError or TypeError counts as
+    its base class), so that a case whose answer is an error is sent beside the others."""
+    try:
+        return fn(*args, **kwargs)
+    except ValueError:
+        return "raises ValueError"
+    except TypeError:
+        return "raises TypeError"
+    except Exception as err:  # noqa: BLE001 - the student's code raised: that is the answer sent
+        return f"raises {type(err).__name__}"
 
 
 # --- BatchEcho ----------------------------------------------------------------------------------
@@ -67,63 +88,70 @@ class _CountingLoader:
             yield batch
 
 
-@dataclass
-class EchoReport:
-    """What :func:`check_echo` measured: loads and yields over every case and epoch."""
-
-    loads: int
-    yields: int
-
-    @property
-    def factor(self) -> float:
-        """Yields per load: the echo factor, measured."""
-        return self.yields / max(1, self.loads)
+def echo_cases(rng: random.Random, n: int = 5) -> list[tuple[int, int]]:
+    """``n`` random ``(num_batches, factor)`` cases, an empty loader and a factor of 1 among them."""
+    cases = [(0, rng.randint(1, 4)), (rng.randint(1, 6), 1)]
+    cases += [(rng.randint(1, 8), rng.randint(2, 5)) for _ in range(max(0, n - 2))]
+    rng.shuffle(cases)
+    return cases
 
 
-def check_echo(echo_cls: Callable[[Any, int], Any], cases: tuple[tuple[int, int], ...] = ((3, 2), (4, 1), (2, 4), (0, 3)),
-               epochs: int = 2, forbidden: tuple = REFERENCES) -> EchoReport:
-    """Check ``echo_cls(loader, factor)`` by behaviour, over ``(num_batches, factor)`` cases.
+def observe_echo(echo_cls: Callable[[Any, int], Any], cases: Iterable[tuple[int, int]], epochs: int = 2) -> dict[str, Any]:
+    """What ``echo_cls(loader, factor)`` does over a loader that records what it hands out.
 
-    Per epoch: the loader is iterated once (``iter`` called once), every batch is loaded once,
-    and is yielded ``factor`` times in a row (the same object) before the next one is loaded;
-    ``len`` is ``num_batches * factor``.
-
-    Raises:
-        GradingError: naming the case and what differed.
+    Returns:
+        For each case ``"<num_batches> batches, factor <factor>"``: ``len()``, and per epoch the
+        passes over the loader so far, the loads before the first yield, and for each yield the
+        number of the batch loaded that epoch that it is (the same object), or -1 if it is none.
     """
-    loads = yields = 0
+    out: dict[str, Any] = {}
     for num_batches, factor in cases:
         loader = _CountingLoader(num_batches)
-        echo = check_not_calling(echo_cls, loader, factor, forbidden=forbidden, what="BatchEcho(loader, factor)")
-        case = f"BatchEcho over {num_batches} batches, factor {factor}"
-        length = check_not_calling(len, echo, forbidden=forbidden, what="len(BatchEcho)")
-        if length != num_batches * factor:
-            _fail(case, f"len() is {length}, expected {num_batches * factor}", "len(loader) * factor")
-        for epoch in range(epochs):
-            before = len(loader.loaded)
-
-            def one_epoch() -> tuple[list, int]:
+        record: dict[str, Any] = {}
+        try:
+            echo = echo_cls(loader, factor)
+            record["len"] = outcome(len, echo)
+            for epoch in range(1, epochs + 1):
+                before = len(loader.loaded)
                 it = iter(echo)
-                if not num_batches:
-                    return list(it), 0
-                first = next(it)
+                first = [next(it)] if num_batches else []
                 ahead = len(loader.loaded) - before  # loads before the first yield
-                return [first, *it], ahead
+                yielded = first + list(it)
+                ids = {id(b): k for k, b in enumerate(loader.loaded[before:])}
+                record[f"epoch {epoch}"] = {"passes over the loader so far": loader.passes,
+                                            "loads before the first yield": ahead,
+                                            "which loaded batch each yield is": [ids.get(id(b), -1) for b in yielded]}
+        except Exception as err:  # noqa: BLE001 - the student's code raised: that is what is sent
+            record["raised"] = f"{type(err).__name__}: {err}"[:300]
+        out[f"{num_batches} batches, factor {factor}"] = record
+    return out
 
-            out, ahead = check_not_calling(one_epoch, forbidden=forbidden, what="iterating BatchEcho")
-            if ahead > 1:
-                _fail(case, f"{ahead} batches were loaded before the first one was yielded",
-                      "take one batch from the loader, yield it factor times, then take the next: no reading ahead")
-            got = loader.loaded[before:]
-            if loader.passes != epoch + 1:
-                _fail(case, f"epoch {epoch + 1} iterated the loader {loader.passes - epoch} times",
-                      "iterate the loader once per epoch (each echo reuses the batch, it does not load it again)")
-            expected = [b for b in got for _ in range(factor)]
-            if len(got) != num_batches or len(out) != len(expected) or any(x is not y for x, y in zip(out, expected)):
-                _fail(case, f"epoch {epoch + 1}: {len(got)} loads and {len(out)} yields, expected {num_batches} and "
-                      f"{num_batches * factor}, each loaded batch {factor} times in a row (the same object)")
-            loads, yields = loads + len(got), yields + len(out)
-    return EchoReport(loads, yields)
+
+def observe_echo_loader(echo_cls: Callable[[Any, int], Any], num_samples: int, batch_size: int, factor: int,
+                        seed: int) -> dict[str, Any]:
+    """``echo_cls`` over a real DataLoader of ``SyntheticImages`` (not shuffled), for two epochs: the
+    number of yields, whether each batch came ``factor`` times in a row as the same object, and the
+    labels yielded."""
+    loader = make_loader(SyntheticImages(num_samples, seed=seed), batch_size=batch_size, shuffle=False)
+    echo = echo_cls(loader, factor)
+    out: dict[str, Any] = {}
+    for epoch in (1, 2):
+        batches = list(echo)
+        runs = [batches[i:i + factor] for i in range(0, len(batches), factor)]
+        out[f"epoch {epoch}"] = {"yields": len(batches),
+                                 "each batch factor times in a row": all(len(r) == factor and all(b is r[0] for b in r)
+                                                                         for r in runs),
+                                 "labels": [int(y) for b in batches for y in b[1]]}
+    return out
+
+
+def bad_factors(echo_cls: Callable[[Any, int], Any], factors: Iterable[Any]) -> dict[str, Any]:
+    """``{repr(factor): what echo_cls([batch], factor) did}`` ("raises ValueError" or "accepted")."""
+    out = {}
+    for factor in factors:
+        got = outcome(echo_cls, [torch.zeros(2)], factor)
+        out[repr(factor)] = got if isinstance(got, str) and got.startswith("raises") else "accepted"
+    return out
 
 
 # --- DecodedCache -------------------------------------------------------------------------------
@@ -145,134 +173,262 @@ class _CountingImages(SyntheticImages):
         return super().transform(img)
 
 
-def check_cache(cache_cls: Callable[[Any], Any], num_samples: int = 48, forbidden: tuple = REFERENCES,
-                workers: int = 2) -> None:
-    """Check ``cache_cls(dataset)`` by behaviour on a dataset that counts its own calls.
+def reference_cache(dataset: Any) -> InMemoryCache:
+    """gpulab's cache the way the exercise asks for it: filled up front."""
+    return InMemoryCache(dataset, fill=True, disable=True)
 
-    Construction decodes every index exactly once; reading every sample decodes nothing more and
-    augments once per read; a read equals ``transform(load(i))`` under the same random state; the
-    labels are right; and a DataLoader with ``workers`` forked workers reads it correctly.
 
-    Raises:
-        GradingError: naming what differed.
+def observe_cache(cache_cls: Callable[[Any], Any], num_samples: int, seed: int, reads: Iterable[int] = (),
+                  workers: int = 0) -> dict[str, Any]:
+    """What ``cache_cls(dataset)`` does over a dataset that counts its own calls.
+
+    Returns:
+        The indices decoded while it was built (sorted), ``len()``, the labels of a read of every
+        sample, the decodes and augmentations during that read, the images read at ``reads`` under
+        a fixed random state each (a uint8 tensor), and with ``workers`` the images and labels a
+        DataLoader with that many forked workers read through it (from an un-augmented dataset).
     """
-    ds = _CountingImages(num_samples, decode_repeats=1, seed=11)
-    cache = check_not_calling(cache_cls, ds, forbidden=forbidden, what="DecodedCache(dataset)")
-    if sorted(ds.loads) != list(range(num_samples)):
-        _fail("DecodedCache(dataset)", f"decoded {len(ds.loads)} times ({len(set(ds.loads))} distinct indices) while "
-              f"being built, expected each of the {num_samples} indices once", "call dataset.load(i) for every i in __init__")
-    if len(cache) != num_samples:
-        _fail("len(DecodedCache)", f"{len(cache)}, expected {num_samples}")
+    ds = _CountingImages(num_samples, decode_repeats=1, seed=seed)
+    cache = cache_cls(ds)
+    out: dict[str, Any] = {"indices decoded while built": sorted(ds.loads), "len": outcome(len, cache)}
     ds.loads.clear()
     ds.transforms = 0
+    labels = []
     for i in range(num_samples):
-        image, label = cache[i]
-        if int(label) != int(ds.labels[i]):
-            _fail(f"DecodedCache[{i}]", f"label {label}, expected {int(ds.labels[i])}")
-    if ds.loads:
-        _fail("reading every sample", f"decoded {len(ds.loads)} more times", "__getitem__ reads the decoded image you kept")
-    if ds.transforms != num_samples:
-        _fail("reading every sample", f"{ds.transforms} augmentations for {num_samples} reads",
-              "call dataset.transform(image) on every access: the random crop and flip must differ every epoch")
-    for i in (0, num_samples // 2, num_samples - 1):
-        state = random.getstate()
-        mine = cache[i][0]
+        _, label = cache[i]
+        labels.append(int(label))
+    out["labels read"] = labels
+    out["decodes while reading every sample"] = len(ds.loads)
+    out["augmentations while reading every sample"] = ds.transforms
+    state = random.getstate()
+    try:
+        images = []
+        for i in reads:
+            random.seed(f"{seed}:{i}")  # the same crop and flip as the reference's read
+            images.append(cache[i][0])
+        if images:
+            out["images read (fixed random states)"] = torch.stack(images) if all(
+                isinstance(x, torch.Tensor) and x.shape == images[0].shape for x in images) else [str(x)[:80] for x in images]
+    finally:
         random.setstate(state)
-        expected = SyntheticImages.transform(ds, SyntheticImages.load(ds, i)[0])
-        if not isinstance(mine, torch.Tensor) or mine.dtype != torch.uint8 or not torch.equal(mine, expected):
-            _fail(f"DecodedCache[{i}]", "the image is not dataset.transform(dataset.load(i)[0]) (uint8)",
-                  "keep the decoded uint8 image; augment a copy on every access")
     if workers:
-        plain = _CountingImages(num_samples, decode_repeats=1, augment=False, seed=12)
+        plain = _CountingImages(num_samples, decode_repeats=1, augment=False, seed=seed + 1)
         loader = torch.utils.data.DataLoader(cache_cls(plain), batch_size=16, num_workers=workers,
                                              multiprocessing_context="fork", timeout=60)
-        images, labels = (torch.cat(parts) for parts in zip(*loader))
-        decoded = torch.stack([SyntheticImages.load(plain, i)[0] for i in range(num_samples)])
-        if not (torch.equal(images, decoded) and torch.equal(labels, torch.as_tensor(plain.labels))):
-            _fail(f"a DataLoader with {workers} forked workers", "read different images or labels than the dataset holds")
+        parts = list(zip(*loader))
+        out[f"read by {workers} forked workers"] = {"images": torch.cat(parts[0]), "labels": torch.cat(
+            [torch.as_tensor(y) for y in parts[1]]).tolist()}
+    return out
+
+
+# --- to_device_normalize ------------------------------------------------------------------------
+
+def normalize_cases(rng: random.Random, n: int = 6) -> dict[str, tuple]:
+    """``n`` random ``(batch_uint8, mean, std)`` cases (1 to 4 channels, odd shapes, mean and std as
+    lists or tensors), and two with the wrong number of values (a ValueError)."""
+    cases: dict[str, tuple] = {}
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    for i in range(n):
+        c = rng.randint(1, 4)
+        shape = (rng.randint(1, 5), c, rng.randint(1, 9), rng.randint(1, 9))
+        x = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
+        m, s = torch.rand(c, generator=gen), 0.1 + torch.rand(c, generator=gen)
+        if rng.random() < 0.5:
+            m, s = m.tolist(), s.tolist()
+        cases[f"case {i}: a {tuple(shape)} batch"] = (x, m, s)
+    x = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8, generator=gen)
+    cases["3 channels, 2 means"] = (x, [0.5, 0.5], [0.2, 0.2, 0.2])
+    cases["3 channels, 4 stds"] = (x, [0.5] * 3, [0.2] * 4)
+    return cases
+
+
+def observe_normalize(fn: Callable[..., Any], cases: dict[str, tuple], dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """For each case: ``fn(x, mean, std, "cpu", dtype=dtype)`` (or the error it raised), and the
+    dtype that crossed in its largest ``tensor.to(<device>)`` (``record_moves``): the requested
+    dtype, or the tensor's own when none was requested."""
+    out: dict[str, Any] = {}
+    for name, (x, m, s) in cases.items():
+        got, moves = record_moves(outcome, fn, x, m, s, torch.device("cpu"), dtype=dtype)
+        largest = max(moves, key=lambda mv: mv[2]) if moves else None
+        crossed = "nothing crossed" if largest is None else str(largest[1] or largest[0]).removeprefix("torch.")
+        out[name] = got if isinstance(got, str) else {"values": got, "crossed as": crossed}
+    return out
 
 
 # --- make_pipeline ------------------------------------------------------------------------------
 
-@dataclass
-class PipelineProbe:
-    """What :func:`probe_pipeline` saw in a few untimed steps of a pipeline."""
+def canonical_digests(images: np.ndarray, pad: int = PAD) -> np.ndarray:
+    """One 64-bit digest per augmented image that is the same for every crop and flip of the same
+    decoded image.
 
-    log: TransferLog
-    batch_shape: tuple[int, ...]      # the largest tensor that crossed, first step
-    crossed_dtype: torch.dtype        # its dtype
-    model_dtypes: list[str]           # the dtypes the model (accel.compute) received
-    normalise_error: float            # max |model input - normalize(crossed uint8)|, NaN if not comparable
-    epoch_labels: list[int] | None    # the labels of one whole epoch, when it was read
-
-
-def probe_pipeline(make_pipeline: Callable[[PipelineSetup, Any], tuple[Any, Callable]], setup: PipelineSetup, accel: Any,
-                   *, steps: int = 2, read_epoch: bool = False, forbidden: tuple = REFERENCES) -> tuple[PipelineProbe, tuple]:
-    """Build ``make_pipeline(setup, log)`` and run ``steps`` steps by hand, copying through ``log``.
+    ``SyntheticImages`` augments by shifting the image by up to ``pad`` pixels each way (the
+    uncovered border is zero; a decoded pixel never is) and flipping it horizontally. The zero
+    rows and columns give the shift back, so the central ``(H - 2 pad, W - 2 pad)`` region of the
+    decoded image can be cut out of any augmented copy, up to the flip; the digest is the sum of
+    the fingerprints of that region and of its mirror image.
 
     Args:
-        read_epoch: also iterate one whole epoch of the loader and keep its labels.
-
-    Returns:
-        ``(probe, (loader, step_fn))``: the facts, and the pipeline (do not time it: workers it
-        forked while the check traced it carry the tracer along).
+        images: ``(B, C, H, W)`` uint8.
     """
-    log = TransferLog(accel, keep=steps)
-    pipeline = check_not_calling(make_pipeline, setup, log, forbidden=forbidden, what="make_pipeline(setup, accel)")
-    if not (isinstance(pipeline, tuple) and len(pipeline) == 2 and callable(pipeline[1])):
-        _fail("make_pipeline(setup, accel)", f"returned {type(pipeline).__name__}, expected a tuple (loader, step_fn)")
+    u = np.ascontiguousarray(images, dtype=np.uint8)
+    b, c, h, w = u.shape
+    if b == 0 or h <= 2 * pad or w <= 2 * pad:
+        return np.zeros(b, dtype=np.uint64)
+    zero = u == 0
+    rows, cols = zero.all(axis=(1, 3)), zero.all(axis=(1, 2))  # (B, H), (B, W): padding lines
+
+    def lead(mask: np.ndarray) -> np.ndarray:
+        return np.where(mask.all(axis=1), 0, np.argmax(~mask, axis=1))
+
+    dr = np.clip(lead(rows) - lead(rows[:, ::-1]), -pad, pad)  # top zeros - bottom zeros
+    dc = np.clip(lead(cols) - lead(cols[:, ::-1]), -pad, pad)
+    r_idx = pad + dr[:, None] + np.arange(h - 2 * pad)  # (B, h') rows of the central region
+    c_idx = pad + dc[:, None] + np.arange(w - 2 * pad)
+    region = np.take_along_axis(u, np.broadcast_to(r_idx[:, None, :, None], (b, c, h - 2 * pad, w)), axis=2)
+    region = np.take_along_axis(region, np.broadcast_to(c_idx[:, None, None, :], (b, c, h - 2 * pad, w - 2 * pad)), axis=3)
+    mirror = region[..., ::-1]
+    return sample_fingerprints(torch.from_numpy(np.ascontiguousarray(region))) + \
+        sample_fingerprints(torch.from_numpy(np.ascontiguousarray(mirror)))
+
+
+class PipelineRecorder(TransferLog):
+    """The accelerator a graded pipeline gets: everything is delegated to ``accel``; per run it
+    records the dtype and shape of the images that cross, the labels that cross, the dtype the
+    model receives, and a digest of every image the model receives (un-normalised with the setup's
+    mean and std, then :func:`canonical_digests`)."""
+
+    def __init__(self, accel: Accelerator, setup: PipelineSetup, num_classes: int = 10) -> None:
+        super().__init__(accel)
+        self.setup, self.num_classes = setup, num_classes
+        self._mean = torch.tensor(setup.mean, dtype=torch.float32)[:, None, None]  # (C, 1, 1)
+        self._std = torch.tensor(setup.std, dtype=torch.float32)[:, None, None]
+        self._previous: set[int] = set()
+        self.begin_run(0)
+
+    def begin_run(self, seed: int) -> None:
+        """Start recording one run; ``seed`` keys the digest (the result differs for every seed)."""
+        self._key = np.uint64(random.Random(f"digest:{seed}").getrandbits(64))
+        self._digests: list[np.ndarray] = []
+        self._labels = np.zeros(self.num_classes + 1, dtype=np.int64)  # the last: labels out of range
+        self._crossed: Counter[str] = Counter()
+        self._model: Counter[str] = Counter()
+        self._shape: tuple[int, ...] | None = None
+        self._prints_now: list[np.ndarray] = []
+
+    def copy(self, batch: Any, non_blocking: bool = False) -> Any:
+        tensors = tree_tensors(batch)
+        if tensors:
+            images = max(tensors, key=lambda t: t.numel() * t.element_size())  # (B, C, H, W)
+            self._crossed[str(images.dtype).removeprefix("torch.")] += 1
+            self._shape = self._shape or tuple(images.shape)
+            self._prints_now.append(sample_fingerprints(images))
+            for t in tensors:
+                if t is not images and not t.is_floating_point() and t.dim() == 1:  # the labels
+                    y = t.detach().cpu().long().numpy()
+                    self._labels += np.bincount(np.clip(y, 0, self.num_classes), minlength=self.num_classes + 1)
+        return super().copy(batch, non_blocking=non_blocking)
+
+    def compute(self, seconds: float, inputs: torch.Tensor | None = None) -> Any:
+        if isinstance(inputs, torch.Tensor):
+            self._model[str(inputs.dtype).removeprefix("torch.")] += 1
+            if inputs.dim() == 4 and inputs.shape[1] == self._mean.shape[0]:
+                x = inputs.detach().cpu().float()
+                if not inputs.is_floating_point():
+                    u = x  # the model got uint8: not normalised, digested as it is
+                else:
+                    u = ((x * self._std + self._mean) * 255).round()
+                self._digests.append(canonical_digests(u.clamp(0, 255).to(torch.uint8).numpy()))
+        else:
+            self._model["none"] += 1
+        return super().compute(seconds, inputs)
+
+    def end_run(self) -> dict[str, Any]:
+        """What this run delivered: a result that depends on every image the model received and on
+        the seed, not on their order or on the random crops and flips."""
+        digests = np.concatenate(self._digests) if self._digests else np.zeros(0, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            mixed = ((digests ^ self._key) * np.uint64(0x9E3779B97F4A7C15)).sum(dtype=np.uint64)
+        prints = np.concatenate(self._prints_now) if self._prints_now else np.zeros(0, dtype=np.uint64)
+        repeats = int(np.isin(prints, np.fromiter(self._previous, dtype=np.uint64, count=len(self._previous))).sum())
+        self._previous = set(prints.tolist())
+        return {"images the model received": int(len(digests)), "digest of those images": int(mixed) >> 11,
+                "labels that crossed (count per class)": self._labels.tolist(),
+                "dtype of the images that crossed": sorted(self._crossed),
+                "dtype the model received": sorted(self._model),
+                "most images the same bytes as in the run before": repeats > len(prints) // 4}
+
+
+def run_epoch(pipeline: tuple[Any, Callable[[Any], Any]], recorder: PipelineRecorder, seed: int,
+              non_blocking: bool = True) -> dict[str, Any]:
+    """One epoch of ``(loader, step_fn)`` built on ``recorder``: each batch copied through it
+    (``non_blocking`` as the lab's profiles do: False for the baseline), the queue drained at the
+    end; returns :meth:`PipelineRecorder.end_run`."""
     loader, step_fn = pipeline
-    it = check_not_calling(iter, loader, forbidden=forbidden, what="iter(loader)")
-    for _ in range(steps):
-        host_batch = check_not_calling(next, it, forbidden=forbidden, what="reading a batch from your loader")
-        batch = log.copy(host_batch, non_blocking=True)  # what profile_loop does before each step
-        check_not_calling(step_fn, batch, forbidden=forbidden, what="step_fn(batch)")
-    log.synchronize()
-    del it
-    if not log.kept_copies:
-        _fail("make_pipeline", "the loader yielded no tensors")
-    crossed = log.kept_copies[0]
-    errors = []
-    for images, inputs in zip(log.kept_copies, log.kept_inputs):
-        if images.dtype != torch.uint8 or inputs.shape != images.shape or not inputs.is_floating_point():
-            errors.append(float("nan"))
-            continue
-        expected = normalize_on_host(images, setup.mean, setup.std)
-        errors.append(float((inputs.float() - expected).abs().max()))
-    labels = None
-    if read_epoch:
-        labels = [int(y) for _, targets in loader for y in torch.as_tensor(targets).reshape(-1)]
-    error = max(errors) if errors and not any(np.isnan(errors)) else float("nan")
-    probe = PipelineProbe(log, tuple(crossed.shape), crossed.dtype, list(log.compute_dtypes), error, labels)
-    return probe, (loader, step_fn)
+    recorder.begin_run(seed)
+    for batch in loader:
+        step_fn(recorder.copy(batch, non_blocking=non_blocking))
+    recorder.synchronize()
+    return recorder.end_run()
 
 
-@dataclass
-class PipelineReport:
-    """:func:`check_pipeline`'s result: the untimed probe and the timed comparison."""
-
-    probe: PipelineProbe
-    comparison: Comparison
-
-    def __str__(self) -> str:
-        c = self.comparison
-        return (f"{c}\n  crossed to the device: {self.probe.crossed_dtype} {self.probe.batch_shape} "
-                f"(float bytes copied while timed: {c.candidate_log.floating_bytes}); the model received "
-                f"{', '.join(self.probe.model_dtypes) or 'nothing'}; samples copied per distinct sample: "
-                f"{c.candidate_echo:.2f}")
+def device_only(accel: Accelerator, setup: PipelineSetup, seed: int) -> int:
+    """The device's own work for an epoch of ``setup`` and nothing else: for each of the
+    ``steps_per_epoch`` steps, a uint8 batch's copy and the model step, with no data to prepare;
+    returns the number of steps. An epoch of a pipeline that keeps the device busy takes little
+    longer than this."""
+    batch = torch.zeros((setup.batch_size, 3, 32, 32), dtype=torch.uint8)  # what a uint8 pipeline copies
+    for _ in range(setup.steps_per_epoch):
+        accel.compute(setup.compute_s, accel.copy(batch, non_blocking=True))
+    accel.synchronize()
+    return setup.steps_per_epoch
 
 
-def check_pipeline(make_pipeline: Callable[[PipelineSetup, Any], tuple[Any, Callable]], setup: PipelineSetup, accel: Any,
-                   *, attempts: int = 2, forbidden: tuple = REFERENCES, disable: bool = False) -> PipelineReport:
-    """Probe ``make_pipeline`` (:func:`probe_pipeline`), then time a fresh one beside gpulab's baseline.
+def probe_pipeline(make_pipeline: Callable[[PipelineSetup, Any], tuple[Any, Callable]], setup: PipelineSetup,
+                   accel: Accelerator, epochs: int = 2) -> dict[str, Any]:
+    """Build ``make_pipeline(setup, recorder)`` and run ``epochs`` epochs, untimed: the shape of the
+    first image batch that crossed, and each epoch's :func:`run_epoch` result."""
+    recorder = PipelineRecorder(accel, setup)
+    pipeline = make_pipeline(setup, recorder)
+    if not (isinstance(pipeline, tuple) and len(pipeline) == 2 and callable(pipeline[1])):
+        return {"make_pipeline returned": f"{type(pipeline).__name__}, not a tuple (loader, step_fn)"}
+    out: dict[str, Any] = {"len(loader)": outcome(len, pipeline[0])}
+    for epoch in range(1, epochs + 1):
+        out[f"epoch {epoch}"] = run_epoch(pipeline, recorder, epoch)
+    out["shape of the first image batch that crossed"] = recorder._shape
+    return out
 
-    The probe runs under :func:`~gpulab.grading.check_not_calling`, whose profiler would follow
-    any worker process forked meanwhile and slow it down; so the timed pipeline is built again,
-    untraced, and timed by :func:`~gpulab.data.pipelines.compare_pipelines` (3 epochs each, the
-    first as warm-up, up to ``attempts`` times), which copies it through a
-    :class:`~gpulab.data.crossing.TransferLog` of its own and counts fresh samples.
+
+def timed_setup(rng: random.Random, accel: Accelerator, compute_s: float = 0.012, device_share: float = 0.25,
+                batch_size: int = 64) -> PipelineSetup:
+    """A workload drawn from ``rng`` for a timed comparison, whose device step is exactly
+    ``compute_s`` in every kernel (so that an epoch's device time, the timed check's floor, is
+    known), and whose decoding is calibrated here so that a baseline batch costs this machine's CPU
+    about ``compute_s / device_share`` (the lab's ratio). On the simulated accelerator the link is
+    set as :func:`~gpulab.data.pipelines.calibrate` sets it (a float32 batch takes a sixth of a step).
+
+    The decode work changes nothing the pipelines deliver, so the results stay comparable between
+    kernels that calibrate differently.
     """
-    probe, _ = probe_pipeline(make_pipeline, setup, accel, forbidden=forbidden)
-    comparison = compare_pipelines(baseline_pipeline(setup, accel), make_pipeline(setup, accel), accel,
-                                   attempts=attempts, disable=disable)
-    return PipelineReport(probe, comparison)
+    steps = rng.randint(8, 12)
+    setup = PipelineSetup(num_samples=steps * batch_size, batch_size=batch_size, compute_s=compute_s,
+                          seed=rng.randrange(2**20))
+
+    def batch_s(repeats: int) -> float:  # a baseline batch's CPU time at this many decodes per sample
+        ds = replace(setup, decode_repeats=repeats).dataset(normalize_on_cpu=True)
+        it, times = iter(make_loader(ds, batch_size=batch_size, seed=setup.seed, warn=False)), []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            next(it)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])  # the first warms up
+
+    lo, hi = batch_s(4), batch_s(32)
+    per_repeat = max(1e-5, (hi - lo) / 28)
+    target = compute_s / device_share
+    repeats = max(1, min(1024, round((target - (lo - 4 * per_repeat)) / per_repeat)))
+    if getattr(accel, "kind", None) == "simulated":
+        float_bytes = batch_size * 4 * 3 * 32 * 32
+        accel.h2d_bytes_per_s = float_bytes / (compute_s / 6)
+    return replace(setup, decode_repeats=repeats, batch_cpu_s=lo + (repeats - 4) * per_repeat)
+
+
