@@ -45,7 +45,8 @@ class ChunkShuffleSampler(Sampler[int]):
 
     Args:
         dataset: a sized dataset; its ``chunk_rows`` (e.g. :class:`~gpulab.data.hdf5.H5Dataset`)
-            is the default ``chunk_size``.
+            is the default ``chunk_size``. Or the number of samples, an int (then ``chunk_size``
+            is needed): ``ChunkShuffleSampler(2048, 64)``.
         chunk_size: samples per chunk along axis 0.
         seed: the base seed; the same on every rank.
         num_replicas, rank: the distributed world size and this rank (defaults: one process).
@@ -56,7 +57,7 @@ class ChunkShuffleSampler(Sampler[int]):
         ValueError: a contiguous dataset without ``chunk_size``, or a bad argument.
     """
 
-    def __init__(self, dataset: Sized, chunk_size: int | None = None, seed: int = 0, *,
+    def __init__(self, dataset: Sized | int, chunk_size: int | None = None, seed: int = 0, *,
                  num_replicas: int = 1, rank: int = 0, drop_last: bool = False,
                  chunks_per_group: int = 1) -> None:
         if chunk_size is None:
@@ -70,7 +71,8 @@ class ChunkShuffleSampler(Sampler[int]):
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if not isinstance(rank, int) or not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be in [0, {num_replicas - 1}] for num_replicas={num_replicas}, got {rank!r}")
-        self.num_samples_total = len(dataset)
+        is_count = isinstance(dataset, int) and not isinstance(dataset, bool)
+        self.num_samples_total = dataset if is_count else len(dataset)
         if self.num_samples_total < 1:
             raise ValueError("the dataset is empty")
         self.chunk_size, self.seed, self.epoch = chunk_size, int(seed), 0
