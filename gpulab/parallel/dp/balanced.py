@@ -48,7 +48,7 @@ from gpulab.parallel.dp.data_parallel import DataParallel
 from gpulab.parallel.dp.parallel_apply import parallel_apply
 from gpulab.parallel.dp.replicate import check_module_on, replicate
 
-__all__ = ["DataParallelModel", "DataParallelCriterion"]
+__all__ = ["DataParallelModel", "DataParallelCriterion", "parallel_loss"]
 
 
 class DataParallelModel(DataParallel):
@@ -185,3 +185,17 @@ class DataParallelCriterion(nn.Module):
 
     def extra_repr(self) -> str:
         return f"devices={[str(d) for d in self.devices]}, reduction={self.reduction!r}"
+
+
+def parallel_loss(outputs: Sequence[Any], targets: torch.Tensor, loss_fn: Callable[..., torch.Tensor],
+                  devices: Sequence[LogicalDevice]) -> torch.Tensor:
+    """The batch's mean loss, computed on the device of each output (lab 05's exercise 1, as a function).
+
+    ``DataParallelCriterion(loss_fn, devices)(outputs, targets)``: ``outputs`` is the list a
+    :class:`DataParallelModel` returns, ``targets`` the whole batch's targets on ``devices[0]``;
+    only one scalar per device reaches ``devices[0]``.
+
+    Raises:
+        ValueError: when the targets' rows differ from the outputs' (the message gives both).
+    """
+    return DataParallelCriterion(loss_fn, devices)(outputs, targets)
