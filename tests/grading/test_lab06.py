@@ -1,16 +1,23 @@
-"""gpulab.grading.lab06 (lab 06's graders) and the sampler's rank bodies: they pass correct
-code, fail wrong code, and catch calls to the reference inside the ranks."""
+"""gpulab.grading.lab06 (lab 06's graders) and the sampler's rank bodies: the graders return what the
+student's code produced (in the kernel or in the ranks), and the values they return tell right code
+from wrong against the expected values the reference functions next to them compute."""
 
 from __future__ import annotations
 
-import os
+import random
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpulab.grading.lab06 import check_ddp_wrapping, compare_amp_steps, compare_with_single_process
+from gpulab.grading import lab06
+from gpulab.grading.lab06 import (
+    compare_with_single_process,
+    run_amp_steps,
+    run_ddp_wrapping,
+    single_process_wrapping,
+)
 from gpulab.parallel import (
     BranchyNet,
     RankFailedError,
@@ -22,6 +29,17 @@ from gpulab.parallel import (
     unused_parameters,
 )
 from gpulab.parallel.ddp.examples import torch_ddp_steps
+from gpulab.parallel.ddp.sampler import DistributedSampler
+
+
+def _close(a, b, atol=1e-6):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k], atol) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y, atol) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return a.shape == b.shape and bool((a - b).abs().max() <= atol) if a.numel() else a.shape == b.shape
+    return abs(a - b) <= atol if isinstance(a, float) else a == b
 
 
 def _sum_only(model, world_size):  # forgets to divide by world_size
@@ -35,9 +53,29 @@ def test_compare_with_single_process_separates_right_from_wrong():
     assert compare_with_single_process(_sum_only, 2).worst > 1e-3, "a sum instead of a mean must be caught"
 
 
-def test_forbidden_reference_is_caught_inside_the_ranks():
-    with pytest.raises(RankFailedError, match="calls gpulab's reference"):
-        compare_with_single_process(lambda m, w: allreduce_gradients(m, w), 2, forbidden=[allreduce_gradients])
+def test_sampler_cases_are_seeded_and_torch_gives_the_expected_shards():
+    a, b = lab06.sampler_cases(random.Random(1)), lab06.sampler_cases(random.Random(2))
+    assert a == lab06.sampler_cases(random.Random(1)) and a != b and len(a) == 4 * 11
+    ours = lab06.sampler_shards(DistributedSampler, a)
+    assert ours == lab06.sampler_shards(torch.utils.data.DistributedSampler, a)
+    assert all(shard == ([], 0) for name, shard in ours.items() if name.startswith("n=0,"))
+
+
+def test_loader_facts_match_the_loader_the_exercise_describes():
+    cases = lab06.loader_cases(random.Random(3))
+
+    def right(dataset, rank, world_size, global_batch_size=8, total_workers=2, seed=0):
+        return torch.utils.data.DataLoader(dataset, batch_size=global_batch_size // world_size,
+                                           num_workers=total_workers // world_size,
+                                           sampler=DistributedSampler(dataset, world_size, rank, seed=seed))
+
+    def no_shuffle(dataset, rank, world_size, global_batch_size=8, total_workers=2, seed=0):
+        return torch.utils.data.DataLoader(dataset, batch_size=global_batch_size // world_size,
+                                           num_workers=total_workers // world_size,
+                                           sampler=DistributedSampler(dataset, world_size, rank, shuffle=False))
+
+    assert lab06.loader_facts(right, cases) == lab06.expected_loader_facts(cases)
+    assert lab06.loader_facts(no_shuffle, cases) != lab06.expected_loader_facts(cases)
 
 
 def _fp32_step(model, inputs, targets, loss_fn, optimizer, scaler, device):
@@ -48,13 +86,13 @@ def _fp32_step(model, inputs, targets, loss_fn, optimizer, scaler, device):
     return loss.detach()
 
 
-def test_compare_amp_steps_sees_the_autocast_dtype():
-    ours = compare_amp_steps(amp_step, 2)[0]
-    assert set(ours["yours"]["forward_dtypes"]) == {"torch.bfloat16"}
-    for n, p in ours["reference"]["params"].items():
-        torch.testing.assert_close(ours["yours"]["params"][n], p)
-    plain = compare_amp_steps(_fp32_step, 2)[0]["yours"]
-    assert set(plain["forward_dtypes"]) == {"torch.float32"}, "a step without autocast must be visible"
+def test_run_amp_steps_returns_the_dtypes_and_the_training():
+    ours = run_amp_steps(amp_step, 2, num_steps=3, seed=5)
+    assert ours[0]["forward_dtypes"] == ["torch.bfloat16"] and ours[0]["param_dtypes"] == ["torch.float32"]
+    assert _close(ours, lab06.amp_reference(2, 3, 5)), "the same step on the same seed gives the same values"
+    assert not _close(ours, run_amp_steps(amp_step, 2, num_steps=3, seed=6), atol=1e-4), "the seed changes the data"
+    plain = run_amp_steps(_fp32_step, 2, num_steps=3, seed=5)[0]
+    assert plain["forward_dtypes"] == ["torch.float32"], "a step without autocast must be visible"
 
 
 def _wrap_always(model, device, inputs):
@@ -65,11 +103,19 @@ def _wrap_detect(model, device, inputs):
     return nn.parallel.DistributedDataParallel(model, find_unused_parameters=bool(unused_parameters(model, inputs)))
 
 
-def test_check_ddp_wrapping_reports_the_flag_and_the_training():
-    res = check_ddp_wrapping(_wrap_detect, 2)
-    assert res["unused_branch"]["find_unused"] and not res["all_used"]["find_unused"]
-    assert res["unused_branch"]["max_abs_diff"] < 1e-6 and res["all_used"]["max_abs_diff"] < 1e-6
-    assert check_ddp_wrapping(_wrap_always, 2)["all_used"]["find_unused"]
+def test_run_ddp_wrapping_reports_the_flag_and_the_training():
+    expected = single_process_wrapping(2, 3, 7)
+    res = run_ddp_wrapping(_wrap_detect, 2, seed=7)
+    assert res["unused_branch"]["find_unused"] == [True, True] and res["all_used"]["find_unused"] == [False, False]
+    assert _close(res, expected, atol=1e-6)
+    assert run_ddp_wrapping(_wrap_always, 2, seed=7)["all_used"]["find_unused"] != expected["all_used"]["find_unused"]
+
+
+def test_gated_models_have_unused_and_frozen_parameters():
+    models = lab06.gated_models(random.Random(4), n=12)
+    found = {name: unused_parameters(m, x) for name, (m, x) in models.items()}
+    assert any(found.values()) and not all(found.values())
+    assert any(not p.requires_grad for m, _ in models.values() for p in m.parameters())
 
 
 def test_torch_ddp_without_the_flag_fails_on_an_unused_branch():
@@ -100,51 +146,68 @@ def test_distributed_accuracy_padding_skew():
 
 # --- the student's DDP classes (lab06_ddp): equality, overlap, speed --------------------------------
 
-def test_check_ddp_class_passes_right_classes_and_reports_grad_none():
-    from gpulab.grading.lab06 import BUCKETED_CASES, PER_PARAMETER_CASES, REFERENCES, check_ddp_class
+def _matches(runs, cases, world_size, num_steps=3, seed=1, atol=1e-6):
+    """Which cases of a run_ddp_class result equal one process (parameters and .grad None)."""
+    return {label: _close(runs[label], lab06.single_process_run(m, world_size, num_steps, seed), atol)
+            for label, m, _ in cases}
 
+
+def test_run_ddp_class_returns_every_rank_equal_to_one_process_for_right_classes():
     from .lab06_classes import Bucketed, PerParameter
 
-    for cls, cases in ((PerParameter, PER_PARAMETER_CASES), (Bucketed, BUCKETED_CASES)):
-        res = check_ddp_class(cls, cases, 2, perturb=True, forbidden=REFERENCES)
-        assert res.worst_case()[1] < 1e-6, (cls.__name__, str(res))
-        for label in res.max_abs_diff:
-            assert all(none == res.expected_none[label] for none in res.grad_none[label]), label
-    assert res.expected_none["unused parameter, 3 buckets"] == ["aux_head.weight", "aux_head.bias"]
+    for cls, cases in ((PerParameter, lab06.PER_PARAMETER_CASES), (Bucketed, lab06.BUCKETED_CASES)):
+        runs = lab06.run_ddp_class(cls, cases, 2, perturb=True, seed=11)
+        assert all(_matches(runs, cases, 2, seed=11).values()), cls.__name__
+    assert runs["unused parameter, 3 buckets"]["grad_none"] == [["aux_head.weight", "aux_head.bias"]] * 2
+    three = lab06.run_ddp_class(Bucketed, lab06.BUCKETED_CASES[:2], 3, num_steps=4, seed=12)
+    assert all(_matches(three, lab06.BUCKETED_CASES[:2], 3, 4, 12).values())
+    assert not any(_matches(three, lab06.BUCKETED_CASES[:2], 3, 4, 13, atol=1e-4).values()), "the seed changes the data"
 
 
-def test_check_ddp_class_catches_each_wrong_class():
-    from gpulab.grading.lab06 import BUCKETED_CASES, PER_PARAMETER_CASES, check_ddp_class
-
+def test_run_ddp_class_catches_each_wrong_class():
     from .lab06_classes import BucketedZeroFill, PerParameterNoBroadcast, PerParameterSum
 
-    summed = check_ddp_class(PerParameterSum, PER_PARAMETER_CASES[:1], 2)
-    assert summed.max_abs_diff["MLP"] > 1e-3, "a sum instead of a mean"
-    assert check_ddp_class(PerParameterNoBroadcast, PER_PARAMETER_CASES[:1], 2, perturb=True).max_abs_diff["MLP"] > 1e-3, \
+    cases = lab06.PER_PARAMETER_CASES[:1]
+    assert not _matches(lab06.run_ddp_class(PerParameterSum, cases, 2), cases, 2, atol=1e-3)["MLP"], "a sum, not a mean"
+    assert not _matches(lab06.run_ddp_class(PerParameterNoBroadcast, cases, 2, perturb=True), cases, 2, atol=1e-3)["MLP"], \
         "replicas that start apart"
-    zero = check_ddp_class(BucketedZeroFill, BUCKETED_CASES[-1:], 2)
-    label = BUCKETED_CASES[-1][0]
-    assert zero.max_abs_diff[label] > 1e-5, "weight decay moves a zero-filled unused parameter"
-    assert zero.grad_none[label][0] == [] != zero.expected_none[label]
+    label, model, _ = case = lab06.BUCKETED_CASES[-1]
+    zero = lab06.run_ddp_class(BucketedZeroFill, [case], 2)[label]
+    expected = lab06.single_process_run(model, 2)
+    assert zero["grad_none"] == [[], []] != expected["grad_none"], "weight decay moves a zero-filled unused parameter"
+    assert not _close(zero["params"], expected["params"], 1e-5)
     # (the shared-weight case has no such test: the plausible slips there, a weight listed or hooked twice,
     # stay correct when the bookkeeping is keyed by the parameter, as the lab's skeleton suggests)
 
 
-def test_trace_overlap_tells_overlap_from_waiting_for_the_end():
-    from gpulab.grading.lab06 import trace_overlap
+def _early(trace):
+    return min(t["early_elements"] for t in trace)
 
+
+def test_trace_overlap_tells_overlap_from_waiting_for_the_end():
     from .lab06_classes import Bucketed, BucketedAllInFinish, BucketedPerParameterCalls, PerParameter
 
-    good = trace_overlap(Bucketed)
-    assert good.overlapped and good.plan_buckets == 3
-    assert len(good.all_reduces()) == good.plan_buckets + 1, "a call per bucket, and one for the used flags"
-    late = trace_overlap(BucketedAllInFinish)
-    assert not late.overlapped and late.early == [(0, 0), (0, 0)]
-    assert len(late.all_reduces()) == 4, "the same calls, all after backward"
-    assert len(trace_overlap(BucketedPerParameterCalls).all_reduces()) == late.num_params + 1
-    per_parameter = trace_overlap(PerParameter, None)
-    assert per_parameter.overlapped and len(per_parameter.all_reduces()) == per_parameter.num_params
-    assert not trace_overlap(lambda m, mb: NaiveDDPNoHooks(m)).overlapped
+    plan = lab06.overlap_plan()
+    assert plan["buckets"] == 3 and plan["num_params"] == 14
+    good = lab06.trace_overlap(Bucketed)
+    assert _early(good) >= plan["min_elements"]
+    assert [t["calls"] for t in good] == [plan["buckets"] + 1] * 2, "a call per bucket, and one for the used flags"
+    late = lab06.trace_overlap(BucketedAllInFinish)
+    assert _early(late) == 0 and [t["calls"] for t in late] == [4, 4], "the same calls, all after backward"
+    assert lab06.trace_overlap(BucketedPerParameterCalls)[0]["calls"] == plan["num_params"] + 1
+    per_parameter = lab06.trace_overlap(PerParameter, None)
+    assert _early(per_parameter) >= plan["min_elements"] and per_parameter[0]["calls"] == plan["num_params"]
+    assert _early(lab06.trace_overlap(lambda m, mb: NaiveDDPNoHooks(m))) == 0
+
+
+def test_overlap_case_draws_a_model_whose_first_bucket_starts_early():
+    from .lab06_classes import Bucketed
+
+    cfg, mb = lab06.overlap_case(random.Random(5), layers_per_bucket=1.1)
+    plan = lab06.overlap_plan(mb, cfg)
+    assert plan["buckets"] >= 3 and plan["min_elements"] == 10 * cfg.width
+    trace = lab06.trace_overlap(Bucketed, mb, 3, cfg=cfg)
+    assert _early(trace) >= plan["min_elements"] and trace[0]["calls"] == plan["buckets"] + 1
 
 
 class NaiveDDPNoHooks(nn.Module):
@@ -163,24 +226,34 @@ class NaiveDDPNoHooks(nn.Module):
             p.grad /= dist.get_world_size()
 
 
-def test_measure_bucketing_speedup_times_every_variant_in_one_launch():
-    from gpulab.grading.lab06_ddp import SPEED_CFG, measure_bucketing_speedup
-
+def test_bucketing_run_is_seeded_and_depends_on_every_synchronisation():
     from .lab06_classes import Bucketed, PerParameter
 
-    cfg = type(SPEED_CFG)(width=32, depth=4, batch_size=8, num_steps=3, warmup=1, bucket_size_mb=0.01)
-    m = measure_bucketing_speedup(PerParameter, Bucketed, cfg=cfg)
-    assert set(m.times) == {"per-parameter (yours)", "bucketed (yours)", "per-parameter (gpulab)", "bucketed (gpulab)",
-                            "local"}
-    assert m.yours == m.times["per-parameter (yours)"] / m.times["bucketed (yours)"] > 0
-    assert m.reference == m.times["per-parameter (gpulab)"] / m.times["bucketed (gpulab)"] > 0
-    assert 0 < m.cores <= 2 * 1.05 * os.cpu_count()
+    cfg = type(lab06.SPEED_CFG)(width=32, depth=4, batch_size=8, num_steps=3, warmup=1, bucket_size_mb=0.01)
+    bucketed = lab06.bucketing_run(Bucketed, 3, cfg.bucket_size_mb, cfg=cfg)
+    assert len(bucketed) == cfg.warmup + cfg.num_steps + 2 and bucketed[-1] == bucketed[-2], "every rank ends equal"
+    assert _close(bucketed, lab06.bucketing_run(PerParameter, 3, cfg=cfg), 1e-6), "the same training, whichever class"
+    assert not _close(bucketed, lab06.bucketing_run(Bucketed, 4, cfg.bucket_size_mb, cfg=cfg), 1e-4), "the seed matters"
+    unsynced = lab06.bucketing_run(lambda m, mb: NoSync(m), 3, cfg.bucket_size_mb, cfg=cfg)
+    assert not _close(unsynced, bucketed, 1e-4), "skipping the all-reduce changes the result"
+
+
+class NoSync(NaiveDDPNoHooks):
+    def finish(self):
+        pass
 
 
 def test_a_class_that_returns_torch_ddp_or_has_no_finish_is_refused():
-    from gpulab.grading.lab06 import PER_PARAMETER_CASES, check_ddp_class
-
+    cases = lab06.PER_PARAMETER_CASES[:1]
     with pytest.raises(RankFailedError, match="write the class yourself"):
-        check_ddp_class(lambda m: nn.parallel.DistributedDataParallel(m), PER_PARAMETER_CASES[:1], 2)
+        lab06.run_ddp_class(lambda m: nn.parallel.DistributedDataParallel(m), cases, 2)
     with pytest.raises(RankFailedError, match="no finish"):
-        check_ddp_class(lambda m: m, PER_PARAMETER_CASES[:1], 2)
+        lab06.run_ddp_class(lambda m: m, cases, 2)
+
+
+def test_references_are_the_exercises_answers_and_leave_the_demos_working():
+    from gpulab.parallel import BucketedDDP, NaiveDDP, OverlappedDDP, bucket_assignment
+
+    assert set(lab06.REFERENCES) == {OverlappedDDP, BucketedDDP, lab06._Bucket, bucket_assignment, amp_step,
+                                     unused_parameters}
+    assert NaiveDDP not in lab06.REFERENCES and DistributedSampler not in lab06.REFERENCES  # the demos train them
