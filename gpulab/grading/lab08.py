@@ -1,25 +1,55 @@
-"""Lab 08's graders: the references the out-of-memory exercises must not call, and a count of the
-host reads (the syncs of lab 01) a training loop makes."""
+"""Lab 08's graders: the references masked while the out-of-memory lab is graded, the seeded cases
+its hidden tests run the student's functions on, and a count of the host reads (the syncs of lab 01)
+a training loop makes.
+
+Each case runs the function it is given (the student's, or gpulab's reference inside
+``grading.by_reference``) on a model and batches drawn from a seed, and returns plain values for
+the test cell's checks to send: results, parameters, dtypes, what the loop did at each loss call.
+Nothing here decides pass or fail. The memory figures (:func:`step_peak`, ``LeakFinder``) are
+measured in the kernel by gpulab's instruments; the tests pair each with checks of these values.
+"""
 
 from __future__ import annotations
 
+import functools
+import random
 import sys
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode  # a private module; torch has no public path
 
+from gpulab.devices import default_device
 from gpulab.memory import batch_size
+from gpulab.memory.batch_size import bisect_largest, find_max_batch_size
 from gpulab.memory.loops import evaluate, train_epoch
-from gpulab.memory.savings import bf16_step, checkpointed_forward, checkpointed_step, fp32_step, segment_sizes
+from gpulab.memory.savings import (
+    Workload,
+    bf16_step,
+    checkpointed_forward,
+    checkpointed_step,
+    fp32_step,
+    lab_workloads,
+    peak_memory,
+    segment_sizes,
+)
+from gpulab.models import SmallCNN
 
-__all__ = ["REFERENCES", "count_host_reads"]
+__all__ = ["REFERENCES", "count_host_reads", "cnn", "cnn_batches", "Recorder", "epoch_case", "counted_epoch",
+           "eval_case", "no_grad_peak", "cnn_step", "memory_models", "search_cases", "reference_search",
+           "workload", "step_peak", "savings_step", "fp32_direction", "checkpoint_case", "plain_case",
+           "recomputed", "flatten_features", "train_epoch", "evaluate", "find_max_batch_size", "bf16_step",
+           "checkpointed_forward", "fp32_step"]
 
-# gpulab's reference implementations of this lab's exercises: a test cell passes them to
-# grading.check_not_calling(..., forbidden=REFERENCES) so that a submission cannot call them.
-REFERENCES: tuple = (train_epoch, evaluate, batch_size.find_max_batch_size,
-              batch_size._try,  # the search's inner step: a copy of the loop around it is caught too
-              fp32_step, bf16_step, checkpointed_forward, checkpointed_step, segment_sizes)
+# gpulab's reference implementations of this lab's exercises, masked in a graded kernel
+# (gpulab.course.mask): the loops (exercises 1-2), the batch-size search with its inner try and its
+# bisection (exercise 3: the demo of section 8 says so while grading), and the bf16 and checkpointed
+# steps with the split (exercise 4). fp32_step stays: it is the float32 baseline the demos and the
+# tests measure, not an answer.
+REFERENCES: tuple = (train_epoch, evaluate, find_max_batch_size, batch_size._try, bisect_largest,
+                     bf16_step, checkpointed_forward, checkpointed_step, segment_sizes)
 
 # Taken when this module is imported, before any student code runs: what the counter relies on.
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default  # .item(), float(t), int(t), bool(t), f"{t:.3f}"
@@ -80,3 +110,282 @@ def count_host_reads(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple
     finally:
         sys.setprofile(old)
     return result, reads.count + copies
+
+
+# ---- exercises 1-2: the loops ---------------------------------------------------------------------
+
+def cnn(seed: int) -> SmallCNN:
+    """The lab's SmallCNN (16, 32 channels), its weights drawn from ``seed``, on the default device."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = SmallCNN(channels=(16, 32))
+    return model.to(default_device())
+
+
+def cnn_batches(seed: int, steps: int, batch: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` batches of ``batch`` RGB 32x32 images and labels (10 classes), drawn from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    device = default_device()
+    return [(torch.randn(batch, 3, 32, 32, generator=g).to(device), torch.randint(0, 10, (batch,), generator=g).to(device))
+            for _ in range(steps)]
+
+
+class Recorder:
+    """A loss function that notes, at every call, whether autograd records (``torch.is_grad_enabled()``)
+    and whether the model is in training mode: what a loop did, step by step."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor] = F.cross_entropy) -> None:
+        self.model, self.loss_fn = model, loss_fn
+        self.calls: list[tuple[bool, bool]] = []
+
+    def __call__(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.calls.append((torch.is_grad_enabled(), self.model.training))
+        return self.loss_fn(outputs, targets)
+
+
+def _types(result: Any) -> Any:
+    if isinstance(result, (tuple, list)):
+        return [type(result).__name__, [type(v).__name__ for v in result]]
+    return type(result).__name__
+
+
+def epoch_case(train_epoch: Callable[..., Any], seed: int, steps: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One epoch of ``train_epoch`` on a seeded SmallCNN and ``steps`` seeded batches (SGD, momentum 0.9).
+
+    Returns:
+        ``(numbers, facts)``: ``{"result": what it returned, "parameters": the weights after}`` to
+        compare within tolerance, and ``{"types": the result's types, "loss calls": (grad enabled,
+        training) at each loss call}`` to compare exactly.
+    """
+    model = cnn(seed)
+    loss_fn = Recorder(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    result = train_epoch(model, opt, loss_fn, cnn_batches(seed + 1, steps))
+    numbers = {"result": result, "parameters": [p.detach().clone() for p in model.parameters()]}
+    return numbers, {"types": _types(result), "loss calls": loss_fn.calls}
+
+
+def counted_epoch(train_epoch: Callable[..., Any], seed: int, steps: int) -> tuple[Any, int]:
+    """``(the result of one epoch as in epoch_case, the host reads it made)`` (see :func:`count_host_reads`)."""
+    model = cnn(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # SGD itself reads nothing back
+    return count_host_reads(train_epoch, model, opt, nn.CrossEntropyLoss(), cnn_batches(seed + 1, steps))
+
+
+def eval_case(evaluate: Callable[..., Any], seed: int, steps: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``evaluate`` on a seeded SmallCNN in training mode (``steps`` seeded batches), then in eval mode.
+
+    Returns:
+        ``(numbers, facts)``: ``{"result": ...}``, and the result's types, the training flag after
+        each call, and (grad enabled, training) at each loss call.
+    """
+    model = cnn(seed)
+    data = cnn_batches(seed + 1, steps)
+    loss_fn = Recorder(model)
+    model.train()
+    result = evaluate(model, loss_fn, data)
+    after_train = model.training
+    model.eval()
+    evaluate(model, loss_fn, data[:1])
+    facts = {"types": _types(result), "training after evaluate (was training)": after_train,
+             "training after evaluate (was in eval mode)": model.training, "loss calls": loss_fn.calls}
+    return {"result": result}, facts
+
+
+def no_grad_peak(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """Peak bytes of one evaluation batch under ``torch.no_grad()`` (section 6's ``without``)."""
+    def one() -> float:
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            loss = F.cross_entropy(model(batch[0]), batch[1]).item()
+        model.train(was)
+        return loss
+
+    return peak_memory(one, track=model)
+
+
+# ---- exercise 3: the batch-size search ----------------------------------------------------------
+
+def cnn_step(batch_size: int) -> None:
+    """Section 8's step: one training step of a fresh SmallCNN on a random batch."""
+    device = default_device()
+    net = SmallCNN(channels=(16, 32)).to(device)
+    x = torch.randn(batch_size, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch_size,), device=device)
+    F.cross_entropy(net(x), y).backward()
+
+
+def memory_models(rng: random.Random, n: int) -> list[tuple[int, int, int, int, int]]:
+    """``n`` cases ``(per_sample, fixed, lo, hi, budget)``: a step holding ``fixed + b * per_sample``
+    floats at once, and a budget in bytes that fits some batch sizes in ``[lo, hi]``. The cases take
+    turns: ``lo == hi``, ``hi`` fits, only ``lo`` fits, then the answer anywhere in between."""
+    cases = []
+    for i in range(n):
+        per, fixed = rng.randint(50, 4000), rng.choice([0, rng.randint(1, 50_000)])
+        lo = rng.choice([1, 1, rng.randint(2, 40)])
+        hi = lo if i % 4 == 0 else lo + rng.choice([rng.randint(1, 10), rng.randint(10, 1000)])
+        best = [lo, hi + rng.randint(0, 100), lo, rng.randint(lo, hi)][i % 4]
+        cases.append((per, fixed, lo, hi, 4 * (fixed + best * per) + rng.randint(0, 4 * per - 1)))
+    return cases
+
+
+def _memory_step(per: int, fixed: int, probes: list[int]) -> Callable[[int], None]:
+    device = default_device()
+
+    def step(b: int) -> None:
+        probes.append(b)
+        held = torch.empty(fixed, device=device)
+        rows = torch.empty(b, per, device=device)
+        del held, rows
+
+    return step
+
+
+def search_cases(max_batch_size: Callable[..., Any], cases: list[tuple[int, int, int, int, int]], *,
+                 keywords: bool = False) -> tuple[dict[str, Any], list[str], int]:
+    """Run ``max_batch_size(step, lo, hi, budget)`` on every case of :func:`memory_models`.
+
+    Returns:
+        ``(answers, stray, excess)``: the answer per case; the tries outside ``[lo, hi]``; and the most
+        tries past ``bit_length(hi - lo) + 3`` in any case (0 or less: a binary search).
+    """
+    answers: dict[str, Any] = {}
+    stray: list[str] = []
+    excess = -(10**9)
+    for per, fixed, lo, hi, budget in cases:
+        probes: list[int] = []
+        step = _memory_step(per, fixed, probes)
+        name = f"{fixed} + b * {per} floats, lo={lo}, hi={hi}, budget={budget}"
+        answers[name] = max_batch_size(step, lo, hi, budget=budget) if keywords else max_batch_size(step, lo, hi, budget)
+        stray += [f"{name}: tried {b}" for b in probes if not lo <= b <= hi]
+        excess = max(excess, len(probes) - ((hi - lo).bit_length() + 3))
+    return answers, stray[:5], excess
+
+
+def reference_search(cases: list[tuple[int, int, int, int, int]]) -> tuple[dict[str, Any], list[str]]:
+    """gpulab's ``(answers, stray tries)`` for :func:`search_cases` (only inside ``grading.by_reference``;
+    the search runs once for the same cases: each try that runs out of memory costs a ``gc.collect()``)."""
+    return _reference_search(tuple(cases))
+
+
+@functools.lru_cache(maxsize=4)
+def _reference_search(cases: tuple[tuple[int, int, int, int, int], ...]) -> tuple[dict[str, Any], list[str]]:
+    answers, stray, _ = search_cases(lambda *a, **k: find_max_batch_size(*a, disable=True, **k), list(cases),
+                                     keywords=True)
+    return answers, stray
+
+
+# ---- exercise 4: bf16 autocast and checkpointing --------------------------------------------------
+
+def workload(name: str, seed: int) -> Workload:
+    """The lab's workload ``name`` (``small_cnn`` or ``transformer``), weights and batch drawn from ``seed``."""
+    with torch.random.fork_rng(devices=[]):
+        return lab_workloads(default_device(), seed)[name]
+
+
+def step_peak(step: Callable[..., Any], name: str, seed: int = 0) -> int:
+    """Peak bytes above the weights of ``step(model, inputs, targets, loss_fn)`` on a fresh workload
+    (measured in the kernel by gpulab's MemoryMeter)."""
+    w = workload(name, seed)
+    w.model.zero_grad(set_to_none=True)
+    return peak_memory(step, w.model, w.inputs, w.targets, w.loss_fn, track=w.model)
+
+
+def _direction(grads: list[torch.Tensor | None], params: list[torch.Tensor]) -> torch.Tensor:
+    flat = torch.cat([(g if g is not None else torch.zeros_like(p)).detach().float().flatten()
+                      for g, p in zip(grads, params)])
+    return flat / flat.norm().clamp_min(1e-30)
+
+
+def savings_step(step: Callable[..., Any], name: str, seed: int) -> dict[str, Any]:
+    """One ``step(model, inputs, targets, loss_fn)`` (a bf16 or float32 step) on a seeded workload.
+
+    Returns:
+        ``{"loss": what it returned, "dtypes": {the logits', the loss's, the gradients'}, "direction":
+        every gradient as one unit vector}``: the direction of float32 and of bf16 gradients differ
+        by well under 0.01 per element on these workloads.
+    """
+    w = workload(name, seed)
+    seen: dict[str, Any] = {}
+
+    def logits(module: nn.Module, args: Any, out: torch.Tensor) -> None:  # a hook that returns None changes nothing
+        seen.setdefault("logits", out.dtype)
+
+    hook = w.model.register_forward_hook(logits)
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = w.loss_fn(outputs, targets)
+        seen.setdefault("loss", loss.dtype)
+        return loss
+
+    w.model.zero_grad(set_to_none=True)
+    try:
+        loss = step(w.model, w.inputs, w.targets, loss_fn)
+    finally:
+        hook.remove()
+    params = list(w.model.parameters())
+    grads = [p.grad for p in params]
+    dtypes = {"logits": seen.get("logits"), "loss": seen.get("loss"),
+              "gradients": sorted({"none" if g is None else str(g.dtype) for g in grads})}
+    return {"loss": loss, "dtypes": dtypes, "direction": _direction(grads, params)}
+
+
+def fp32_direction(name: str, seed: int) -> torch.Tensor:
+    """The float32 step's gradients as one unit vector (the expected direction of a bf16 step's)."""
+    return savings_step(fp32_step, name, seed)["direction"]
+
+
+def checkpoint_case(checkpointed_forward: Callable[..., Any], name: str, seed: int, segments: int) -> dict[str, Any]:
+    """Output and gradients of a training step through ``checkpointed_forward(blocks, inputs, segments)``."""
+    w = workload(name, seed)
+    out = checkpointed_forward(w.blocks, w.inputs, segments)
+    w.loss_fn(out, w.targets).backward()
+    return {"output": out, "gradients": [p.grad for p in w.model.parameters()]}
+
+
+def plain_case(name: str, seed: int) -> dict[str, Any]:
+    """The same step through the plain model: the expected output and gradients of :func:`checkpoint_case`."""
+    w = workload(name, seed)
+    out = w.model(w.inputs)
+    w.loss_fn(out, w.targets).backward()
+    return {"output": out, "gradients": [p.grad for p in w.model.parameters()]}
+
+
+class _Probe(nn.Module):
+    """A block that notes each time it runs: a checkpointed block runs twice (forward, then in backward)."""
+
+    def __init__(self, i: int, calls: list[int]) -> None:
+        super().__init__()
+        self.i, self.calls, self.lin = i, calls, nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.append(self.i)
+        return torch.tanh(self.lin(x))
+
+
+def recomputed(checkpointed_forward: Callable[..., Any], num_blocks: int, seed: int) -> dict[str, list[int]]:
+    """For every ``segments`` from 1 to ``num_blocks``: the blocks that ``checkpointed_forward`` ran
+    again in backward (which says how it split them, and which runs it checkpointed)."""
+    calls: list[int] = []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        blocks = [_Probe(i, calls) for i in range(num_blocks)]
+        x = torch.randn(3, 4, requires_grad=True)
+    out = {}
+    for k in range(1, num_blocks + 1):
+        calls.clear()
+        checkpointed_forward(blocks, x, k).sum().backward()
+        out[f"{num_blocks} blocks, segments={k}"] = sorted(i for i in range(num_blocks) if calls.count(i) == 2)
+    return out
+
+
+# ---- exercise 5: shapes -------------------------------------------------------------------------
+
+def flatten_features(image_size: int) -> int:
+    """What section 10's ``small_convnet`` hands its Linear layer for ``image_size`` images: the
+    width of its Flatten output (its convolution part, run on zeros)."""
+    convs = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten())
+    with torch.no_grad():
+        return int(convs(torch.zeros(1, 3, image_size, image_size)).shape[1])

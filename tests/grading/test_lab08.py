@@ -1,14 +1,22 @@
-"""gpulab.grading.lab08.count_host_reads: counts every read of a tensor's value into Python (the
-syncs of lab 01), whichever way it is written, and nothing else; gpulab's reference loops read
-twice per epoch, a loop with .item() per step twice per step."""
+"""gpulab.grading.lab08: count_host_reads counts every read of a tensor's value into Python (the
+syncs of lab 01), whichever way it is written, and nothing else (gpulab's reference loops read
+twice per epoch, a loop with .item() per step twice per step); the seeded cases of the hidden tests
+give gpulab's references the right answers and tell wrong submissions from right ones."""
 
 from __future__ import annotations
 
+import random
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from gpulab.grading import lab08
+from gpulab.grading.evidence import encode
+from gpulab.grading.judge import decode, verdict
 from gpulab.grading.lab08 import count_host_reads
 from gpulab.memory.loops import evaluate, train_epoch
+from gpulab.memory.savings import checkpointed_forward, segment_sizes
 from gpulab.models import SmallCNN
 
 
@@ -49,3 +57,124 @@ def test_reference_loops_read_once_per_epoch_and_item_per_step_reads_every_step(
     for loop in (train_epoch, evaluate):
         assert _epoch_reads(loop, 3) == _epoch_reads(loop, 9) == 2, loop.__name__
     assert (_epoch_reads(_item_per_step, 3), _epoch_reads(_item_per_step, 9)) == (3, 9)
+
+
+# ---- the seeded cases of the hidden tests ------------------------------------------------------
+
+
+def _verdict(kind: str, actual, expected, **tol) -> str | None:
+    return verdict({"kind": kind, "what": "x", **tol}, decode(encode(actual)), decode(encode(expected)))
+
+
+def test_epoch_case_tells_the_reference_from_a_loop_that_reads_every_step_or_skips_zero_grad() -> None:
+    numbers, facts = lab08.epoch_case(train_epoch, 3, 4)
+    assert facts == {"types": ["tuple", ["float", "float"]], "loss calls": [(True, True)] * 4}
+    same, _ = lab08.epoch_case(train_epoch, 3, 4)
+    assert _verdict("close", same, numbers, rtol=1e-4, atol=1e-6) is None
+
+    def item_per_step(model, optimizer, loss_fn, batches):  # right values, a sync per step (another test counts those)
+        total = correct = count = 0
+        for x, y in batches:
+            optimizer.zero_grad()
+            out = model(x)
+            loss = loss_fn(out, y)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(y)
+            correct += (out.argmax(1) == y).sum().item()
+            count += len(y)
+        return total / count, correct / count
+
+    assert _verdict("close", lab08.epoch_case(item_per_step, 3, 4)[0], numbers, rtol=1e-4, atol=1e-6) is None
+    assert lab08.counted_epoch(item_per_step, 3, 4)[1] == 8 and lab08.counted_epoch(train_epoch, 3, 4)[1] == 2
+
+    def no_zero_grad(model, optimizer, loss_fn, batches):
+        for x, y in batches:
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        return item_per_step(model, torch.optim.SGD(model.parameters(), lr=0.0), loss_fn, batches[:1])
+
+    assert _verdict("close", lab08.epoch_case(no_zero_grad, 3, 4)[0], numbers, rtol=1e-4, atol=1e-6) is not None
+
+
+def test_eval_case_records_no_grad_eval_mode_and_the_restored_flag() -> None:
+    numbers, facts = lab08.eval_case(evaluate, 4, 3)
+    assert facts == {"types": ["tuple", ["float", "float"]], "training after evaluate (was training)": True,
+                     "training after evaluate (was in eval mode)": False, "loss calls": [(False, False)] * 4}
+
+    def train_mode_eval(model, loss_fn, batches):  # forgets model.eval(): BatchNorm uses the batch's statistics
+        with torch.no_grad():
+            total = sum(loss_fn(model(x), y) * len(y) for x, y in batches)
+            correct = sum((model(x).argmax(1) == y).sum() for x, y in batches)
+        count = sum(len(y) for _, y in batches)
+        return total.item() / count, correct.item() / count
+
+    bad_numbers, bad_facts = lab08.eval_case(train_mode_eval, 4, 3)
+    assert bad_facts["loss calls"][0] == (False, True)
+    assert _verdict("close", bad_numbers, numbers, rtol=1e-5, atol=1e-6) is not None
+
+
+def test_memory_models_have_the_analytic_answer_and_the_reference_finds_it() -> None:
+    cases = lab08.memory_models(random.Random(2), 12)
+    answers, stray, excess = lab08.search_cases(lambda *a, **k: lab08.find_max_batch_size(*a, disable=True, **k), cases,
+                                                keywords=True)
+    want = {f"{fixed} + b * {per} floats, lo={lo}, hi={hi}, budget={budget}": min(hi, (budget // 4 - fixed) // per)
+            for per, fixed, lo, hi, budget in cases}
+    assert answers == want and stray == [] and excess <= 0
+    assert lab08.reference_search(cases[:2]) == (dict(list(want.items())[:2]), [])
+    kinds = [(a == c[2] == c[3], a == c[3] > c[2], a == c[2] < c[3]) for a, c in zip(answers.values(), cases)]
+    assert all(any(k[j] for k in kinds) for j in range(3))  # lo == hi, hi fits, only lo fits: all drawn
+
+    def linear(step_fn, lo, hi, budget):
+        from gpulab.memory import MemoryMeter
+        b = lo
+        while b < hi:
+            try:
+                with MemoryMeter(budget=budget):
+                    step_fn(b + 1)
+            except torch.OutOfMemoryError:
+                break
+            b += 1
+        return b
+
+    assert lab08.search_cases(linear, cases[:4])[0] == dict(list(answers.items())[:4])
+    slow = [(100, 0, 1, 64, 4 * 100 * 40 + 5)]  # 40 fits: 40 tries where a bisection needs 9
+    assert lab08.search_cases(linear, slow)[1:] == ([], 40 - 9)
+
+
+def test_savings_step_bf16_keeps_the_direction_and_float32_gradients() -> None:
+    from gpulab.memory.savings import bf16_step, fp32_step
+    for name in ("small_cnn", "transformer"):
+        bf16 = lab08.savings_step(bf16_step, name, 1)
+        assert bf16["dtypes"] == {"logits": torch.bfloat16, "loss": torch.float32, "gradients": ["torch.float32"]}
+        assert _verdict("close", bf16["direction"], lab08.fp32_direction(name, 1), rtol=0, atol=0.02) is None
+        fp32 = lab08.savings_step(fp32_step, name, 1)
+        assert fp32["dtypes"]["logits"] == torch.float32  # a plain float32 step is told apart by its dtypes
+        assert lab08.step_peak(bf16_step, name) < 0.75 * lab08.step_peak(fp32_step, name)
+
+
+def test_recomputed_blocks_say_the_split() -> None:
+    for n in (4, 5, 9):
+        got = lab08.recomputed(checkpointed_forward, n, 0)
+        for k in range(1, n + 1):
+            sizes = segment_sizes(n, k)
+            assert got[f"{n} blocks, segments={k}"] == list(range(sum(sizes[:-1])))
+
+    def last_run_checkpointed_too(blocks, x, segments):  # checkpoints every run, the last one included
+        from torch.utils.checkpoint import checkpoint
+        n = len(blocks)
+        sizes = [n // segments + (i < n % segments) for i in range(segments)]
+        start = 0
+        for size in sizes:
+            x = checkpoint(torch.nn.Sequential(*blocks[start:start + size]), x, use_reentrant=False)
+            start += size
+        return x
+
+    assert lab08.recomputed(last_run_checkpointed_too, 5, 0) != lab08.recomputed(checkpointed_forward, 5, 0)
+    assert _verdict("close", lab08.checkpoint_case(checkpointed_forward, "transformer", 2, 3), lab08.plain_case("transformer", 2),
+                    rtol=1e-5, atol=1e-6) is None
+
+
+def test_flatten_features_is_small_convnets_flatten_width() -> None:
+    assert [lab08.flatten_features(s) for s in (4, 7, 32, 64, 129)] == [32 * (s // 4) ** 2 for s in (4, 7, 32, 64, 129)]
+    assert F.cross_entropy is lab08.Recorder(torch.nn.Linear(1, 1)).loss_fn
