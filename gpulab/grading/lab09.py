@@ -1,39 +1,50 @@
 """Lab 09's graders: a student's ZeRO-1 and gradient accumulation, run inside real ranks.
 
-Each check launches ranks with :func:`gpulab.parallel.launch` (fork, so the code under test may
-come from a notebook cell) and returns what a test cell compares:
+Code that runs inside ranks (started by :func:`gpulab.parallel.launch`, fork, so the code under
+test may come from a notebook cell) cannot send evidence: each function here returns what the
+ranks hold, and the test cell checks it against a value computed by the function next to it,
+called only inside ``grading.by_reference`` (gpulab's references are masked in the student's
+kernel while the lab is graded):
 
-- :func:`check_zero1`: the student's ZeRO-1 class (``cls(params, optimizer_cls, **kwargs)`` with
-  ``step()``, ``zero_grad()`` and a ``local_optimizer``) and gpulab's :class:`ShardedOptimizer`,
-  side by side in the same ranks, against single-process training on the full batch: parameters,
-  and the optimizer-state bytes each rank holds;
+- :func:`random_partition_cases` for ``partition_params`` against :func:`balanced_owners`;
+- :func:`run_zero1`: the student's ZeRO-1 class (``cls(params, optimizer_cls, **kwargs)`` with
+  ``step()``, ``zero_grad()`` and a ``local_optimizer``) trained on every rank: each rank's
+  parameters (against :func:`single_process_params`), the parameters its ``local_optimizer``
+  holds and that optimizer's state bytes (against :func:`reference_zero1`, gpulab's
+  :class:`ShardedOptimizer` in the same ranks);
+- :func:`measure_zero1_bytes`: the bytes per rank of :func:`~gpulab.parallel.ddp.sharding_runs.measure_sharding`
+  for the student's class (against gpulab's ``"zero1"`` strategy: :func:`reference_zero1_bytes`);
 - :func:`run_accumulation`: named accumulation steps ``fn(model, optimizer, micro_batches, loss_fn)``
-  on :class:`NaiveDDP` or :class:`BucketedDDP`: all-reduce calls per step (counted), step times,
-  and the parameters, against one process taking the same steps on the whole batch.
-
-``forbidden`` (usually :data:`REFERENCES`) is checked *inside* the ranks with
-:func:`gpulab.grading.check_not_calling`: the student's code runs there, not in the caller.
+  on :class:`NaiveDDP` or :class:`BucketedDDP`: all-reduce calls per step (counted), step times
+  and every rank's parameters (against :func:`calls_per_sync` and :func:`single_process_accumulation`).
 """
 
 from __future__ import annotations
 
+import functools
+import random
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
-from gpulab import grading
 from gpulab.models import MLP
-from gpulab.parallel import BucketedDDP, NaiveDDP, allreduce_gradients, launch, rank_device
+from gpulab.parallel import BucketedDDP, NaiveDDP, allreduce_gradients, bucket_assignment, launch, rank_device
 from gpulab.parallel.ddp.accumulation import accumulation_step, count_collectives
-from gpulab.parallel.ddp.sharded import ShardedOptimizer, balanced_owners
+from gpulab.parallel.ddp.sharded import ShardedOptimizer, _assign, balanced_owners
+from gpulab.parallel.ddp.sharding_runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
 from gpulab.parallel.ddp.state_bytes import optimizer_state_bytes
 
-__all__ = ["REFERENCES", "TiedMLP", "Zero1Check", "check_zero1", "run_accumulation", "single_process_params"]
+__all__ = ["REFERENCES", "TiedMLP", "random_partition_cases", "balanced_owners", "run_zero1", "reference_zero1",
+           "single_process_params", "zero1_tolerance", "bytes_config", "bytes_case", "measure_zero1_bytes", "reference_zero1_bytes",
+           "every_micro_batch", "run_accumulation", "calls_per_sync", "single_process_accumulation"]
 
-REFERENCES = (ShardedOptimizer, balanced_owners, accumulation_step)
+# gpulab's reference implementations of lab 09's exercises, masked in a graded kernel (gpulab.course.mask):
+# the ZeRO-1 optimizer, its largest-first partition (and the helper both call), and the accumulation step.
+# The lab's demos run torch DDP, torch's ZeroRedundancyOptimizer, FSDP2 and lab 06's NaiveDDP/BucketedDDP
+# (masked only while lab 06 is graded), none of which calls these.
+REFERENCES: tuple = (ShardedOptimizer, balanced_owners, _assign, accumulation_step)
 
 NUM_SAMPLES = 24  # divisible by 1, 2, 3, 4, 6, 8 ranks and by 2, 3, 4 micro-batches per rank of 2 ranks
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
@@ -73,16 +84,79 @@ def _data(features: int = 8, classes: int = 8, seed: int = 1, num_samples: int =
     return torch.randn(num_samples, features, generator=g), torch.randint(0, classes, (num_samples,), generator=g)
 
 
-def _call(fn: Callable, *args: Any, forbidden: Sequence[Any] = (), **kwargs: Any) -> Any:
-    return grading.check_not_calling(fn, *args, forbidden=forbidden, **kwargs) if forbidden else fn(*args, **kwargs)
+def zero1_tolerance(world_size: int) -> float:
+    """How far training on ranks may drift from one process: float32 sums in another order."""
+    from gpulab.parallel import resolve_backend
+
+    return 1e-5 if resolve_backend("auto", world_size) == "gloo" else 1e-4
 
 
-def single_process_params(model_name: str, optimizer: str, num_steps: int) -> dict[str, torch.Tensor]:
+# --- exercise 1: the partition ---------------------------------------------------------------------
+
+def random_partition_cases(rng: random.Random, n: int = 25) -> dict[str, tuple[list[torch.Tensor], int]]:
+    """``n`` parameter lists (sizes with repeats, three dtypes) and world sizes drawn from ``rng``,
+    keyed by a readable name: ``{name: (params, world_size)}``."""
+    cases = {}
+    for trial in range(n):
+        params = [torch.zeros(rng.choice([1, 5, 16, 64, 64, 300]), dtype=rng.choice([torch.float32, torch.float64, torch.float16]))
+                  for _ in range(rng.randrange(1, 20))]
+        ws = rng.randrange(1, 7)
+        sizes = [p.numel() * p.element_size() for p in params]
+        cases[f"trial {trial + 1}: {len(params)} parameters of {sizes} bytes over {ws} ranks"] = (params, ws)
+    return cases
+
+
+# --- exercise 2: ZeRO-1 --------------------------------------------------------------------------------
+
+def _zero1_rank(rank, world_size, zero_cls, model_name, optimizer, num_steps, seed):
+    device = rank_device(rank)
+    opt_cls, kwargs = OPTIMIZERS[optimizer]
+    inputs, targets = (t.chunk(world_size)[rank].to(device) for t in _data(seed=seed))  # this rank's shard
+    model = _model(model_name).to(device)
+    params = list(model.parameters())
+    opt = zero_cls(params, opt_cls, **kwargs)
+    for _ in range(num_steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(inputs), targets).backward()
+        allreduce_gradients(model, world_size)  # ZeRO-1 starts from DDP's averaged gradients
+        opt.step()
+    holder = getattr(opt, "local_optimizer", None)
+    if not isinstance(holder, torch.optim.Optimizer):
+        raise TypeError("your ZeRO-1 class must keep its torch optimizer in self.local_optimizer")
+    index = {id(p): i for i, p in enumerate(params)}
+    held = sorted(index[id(p)] for g in holder.param_groups for p in g["params"] if id(p) in index)
+    return {"params": {n: p.detach().cpu() for n, p in model.named_parameters()},
+            "local_params": held, "state_bytes": optimizer_state_bytes(holder)}
+
+
+def run_zero1(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str = "mlp", optimizer: str = "adamw",
+              num_steps: int = 3, seed: int = 1, timeout: float = 90) -> list[dict[str, Any]]:
+    """Train ``model`` ("mlp", "tied" or "tiny") ``num_steps`` with ``zero_cls`` over ``optimizer``
+    ("adamw" or "sgd" with momentum) on ``world_size`` ranks, each with its shard of a 24-sample
+    batch drawn from ``seed``, the gradients averaged first.
+
+    Returns:
+        Per rank: ``params`` (after training), ``local_params`` (the indices, in
+        ``model.parameters()`` order, of the parameters its ``local_optimizer`` holds) and
+        ``state_bytes`` (that optimizer's state, counted from its tensors).
+    """
+    return launch(_zero1_rank, world_size, args=(zero_cls, model, optimizer, num_steps, seed), timeout=timeout,
+                  echo=False)
+
+
+@functools.lru_cache(maxsize=16)
+def reference_zero1(world_size: int = 2, model: str = "mlp", optimizer: str = "adamw", num_steps: int = 3,
+                    seed: int = 1) -> list[dict[str, Any]]:
+    """:func:`run_zero1` of gpulab's :class:`ShardedOptimizer` (one launch per arguments, kept)."""
+    return run_zero1(ShardedOptimizer, world_size, model=model, optimizer=optimizer, num_steps=num_steps, seed=seed)
+
+
+def single_process_params(model_name: str, optimizer: str, num_steps: int, seed: int = 1) -> dict[str, torch.Tensor]:
     """The parameters after ``num_steps`` on the whole batch in one process (what DDP must equal)."""
     model = _model(model_name)
     opt_cls, kwargs = OPTIMIZERS[optimizer]
     opt = opt_cls(model.parameters(), **kwargs)
-    inputs, targets = _data()
+    inputs, targets = _data(seed=seed)
     for _ in range(num_steps):
         opt.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(model(inputs), targets).backward()
@@ -90,81 +164,84 @@ def single_process_params(model_name: str, optimizer: str, num_steps: int) -> di
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-@dataclass
-class Zero1Check:
-    """Per rank: the student's and the reference's results after training."""
+# --- bytes per rank, measured as the lab's demo measures them -------------------------------------------
 
-    max_abs_diff: list[float]  # |yours - single process|, largest over parameters
-    state_bytes: list[int]  # your local_optimizer's state bytes on each rank
-    reference_state_bytes: list[int]  # ShardedOptimizer's on each rank
-    full_state_bytes: int  # the state of the one-process optimizer (every rank's under DDP)
-
-    @property
-    def worst(self) -> float:
-        return max(self.max_abs_diff)
+def bytes_config(depth: int = 3, seed: int = 0) -> ShardingConfig:
+    """The small :class:`ShardingConfig` the bytes are measured on: ``depth`` hidden layers of 64
+    features (a multiple of every world size used), one AdamW step."""
+    return ShardingConfig(width=64, depth=depth, batch_size=16, num_steps=1, warmup=0, seed=seed)
 
 
-def _zero1_rank(rank, world_size, zero_cls, model_name, optimizer, num_steps, forbidden):
-    device = rank_device(rank)
-    opt_cls, kwargs = OPTIMIZERS[optimizer]
-    inputs, targets = (t.chunk(world_size)[rank].to(device) for t in _data())  # this rank's shard
-    out = {}
-    for who, make in (("yours", zero_cls), ("reference", ShardedOptimizer)):
-        model = _model(model_name).to(device)
-        banned = forbidden if who == "yours" else ()
-        opt = _call(make, list(model.parameters()), opt_cls, forbidden=banned, **kwargs)
-        for _ in range(num_steps):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(inputs), targets).backward()
-            allreduce_gradients(model, world_size)  # ZeRO-1 starts from DDP's averaged gradients
-            _call(opt.step, forbidden=banned)
-        holder = getattr(opt, "local_optimizer", None) if who == "yours" else opt
-        if not isinstance(holder, torch.optim.Optimizer):
-            raise TypeError("your ZeRO-1 class must keep its torch optimizer in self.local_optimizer")
-        out[who] = {"params": {n: p.detach().cpu() for n, p in model.named_parameters()},
-                    "state_bytes": optimizer_state_bytes(holder)}
-    return out
+def bytes_case(rng: random.Random) -> tuple[int, int]:
+    """``(depth, seed)`` for :func:`bytes_config`, drawn from ``rng``."""
+    return rng.randint(2, 6), rng.randrange(10**6)
 
 
-def check_zero1(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str = "mlp", optimizer: str = "adamw",
-                num_steps: int = 3, forbidden: Sequence[Any] = (), timeout: float = 90) -> Zero1Check:
-    """Train ``model`` ("mlp", "tied" or "tiny") ``num_steps`` with ``zero_cls`` over ``optimizer``
-    ("adamw" or "sgd" with momentum) on ``world_size`` ranks, each with its shard of a 24-sample
-    batch; compare with one process on all 24 samples and with :class:`ShardedOptimizer`."""
-    per_rank = launch(_zero1_rank, world_size, args=(zero_cls, model, optimizer, num_steps, tuple(forbidden)),
+def measure_zero1_bytes(zero_cls: Callable[..., Any], world_size: int, depth: int = 3, seed: int = 0,
+                        timeout: float = 120) -> list[dict[str, int]]:
+    """Per rank, the bytes (``params``, ``grads``, ``optimizer_state``, ``num_params``) that
+    :func:`measure_sharding` counts after training :func:`bytes_config` with torch DDP's
+    gradients and ``zero_cls``."""
+    preload_sharding()
+    per_rank = launch(measure_sharding, world_size, args=([("yours", zero_cls)], bytes_config(depth, seed)),
                       timeout=timeout, echo=False)
-    ref = single_process_params(model, optimizer, num_steps)
-    diffs = [max((r["yours"]["params"][n] - p).abs().max().item() for n, p in ref.items()) for r in per_rank]
-    full = _model(model)
-    opt_cls, kwargs = OPTIMIZERS[optimizer]
-    one = opt_cls(full.parameters(), **kwargs)
-    nn.functional.cross_entropy(full(_data()[0]), _data()[1]).backward()
-    one.step()
-    return Zero1Check(diffs, [r["yours"]["state_bytes"] for r in per_rank],
-                      [r["reference"]["state_bytes"] for r in per_rank], optimizer_state_bytes(one))
+    return _bytes(summarize_sharding(per_rank)["yours"])
 
 
-def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_steps, warmup, sizes, num_samples,
-                       forbidden):
+@functools.lru_cache(maxsize=16)
+def reference_zero1_bytes(world_size: int, depth: int = 3, seed: int = 0) -> list[dict[str, int]]:
+    """:func:`measure_zero1_bytes` of gpulab's ZeRO-1 (its ``"zero1"`` strategy; one launch per arguments, kept)."""
+    preload_sharding()
+    per_rank = launch(measure_sharding, world_size, args=(["zero1"], bytes_config(depth, seed)), timeout=120, echo=False)
+    return _bytes(summarize_sharding(per_rank)["zero1"])
+
+
+def _bytes(summary: dict[str, Any]) -> list[dict[str, int]]:
+    keep = ("params", "grads", "optimizer_state", "num_params")
+    return [{k: int(b[k]) for k in keep} for b in summary["bytes"]]
+
+
+# --- exercise 3: gradient accumulation -----------------------------------------------------------------
+
+def every_micro_batch(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Any],
+                      loss_fn: Callable) -> None:
+    """The baseline: synchronise after every micro-batch (correct, k times the calls)."""
+    for inputs, targets in micro_batches:
+        (loss_fn(model(inputs), targets) / len(micro_batches)).backward()
+        model.sync_gradients()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _wrapped(wrapper: str, module: nn.Module) -> nn.Module:
+    if wrapper == "naive":
+        return NaiveDDP(module)
+    return BucketedDDP(module, bucket_size_mb=_bucket_mb(module))
+
+
+def _bucket_mb(module: nn.Module) -> float:
+    return sum(p.numel() * p.element_size() for p in module.parameters()) / 3 / 2**20  # about 3 buckets
+
+
+def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_steps, warmup, sizes, num_samples, seed):
     device = rank_device(rank)
-    inputs, targets = (t.chunk(world_size)[rank].to(device) for t in _data(sizes[0], sizes[-1], num_samples=num_samples))
+    inputs, targets = (t.chunk(world_size)[rank].to(device)
+                       for t in _data(sizes[0], sizes[-1], seed=seed, num_samples=num_samples))
     micro = list(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))  # k micro-batches
     runs = []
     for name, fn in step_fns:
         torch.manual_seed(0)
         module = MLP(sizes).to(device)
-        model = NaiveDDP(module) if wrapper == "naive" else BucketedDDP(module, bucket_size_mb=sum(
-            p.numel() * p.element_size() for p in module.parameters()) / 3 / 2**20)  # about 3 buckets
+        model = _wrapped(wrapper, module)
         per_sync = len(model.buckets) if wrapper == "bucketed" else len(list(module.parameters()))
         opt = torch.optim.SGD(module.parameters(), lr=0.2, momentum=0.9)
-        runs.append({"name": name, "fn": fn, "model": model, "opt": opt, "per_sync": per_sync, "calls": 0, "times": [],
-                     "banned": forbidden if name != "reference" else ()})
+        runs.append({"name": name, "fn": fn, "model": model, "opt": opt, "per_sync": per_sync, "calls": 0, "times": []})
     for step in range(warmup + num_steps):
         for run in runs:  # interleaved, so machine load hits every variant alike
             torch.distributed.barrier()
             t0 = time.perf_counter()
             with count_collectives() as calls:
-                _call(run["fn"], run["model"], run["opt"], micro, nn.functional.cross_entropy, forbidden=run["banned"])
+                run["fn"](run["model"], run["opt"], micro, nn.functional.cross_entropy)
             if step >= warmup:  # the first steps set up gloo's buffers: neither timed nor counted
                 run["times"].append(time.perf_counter() - t0)
                 run["calls"] += calls["all_reduce"]
@@ -176,20 +253,19 @@ def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_s
 
 def run_accumulation(step_fns: Sequence[tuple[str, Callable]], world_size: int = 2, *, wrapper: str = "naive",
                      micro_batches: int = 3, num_steps: int = 2, warmup: int = 0, sizes: Sequence[int] = (8, 32, 32, 8),
-                     num_samples: int = NUM_SAMPLES, forbidden: Sequence[Any] = (),
-                     timeout: float = 90) -> dict[str, dict[str, Any]]:
+                     num_samples: int = NUM_SAMPLES, seed: int = 1, timeout: float = 90) -> dict[str, dict[str, Any]]:
     """Run each named accumulation step ``num_steps`` times on ``world_size`` ranks (one launch).
 
-    Each rank splits its half (third...) of a ``num_samples`` batch into ``micro_batches``; the
-    variants take their steps interleaved. The name
-    ``"reference"`` runs without the ``forbidden`` check. ``warmup`` steps come first, neither timed
-    nor counted (one process takes them too).
+    Each rank splits its half (third...) of a ``num_samples`` batch drawn from ``seed`` into
+    ``micro_batches``; the variants take their steps interleaved. ``warmup`` steps come first,
+    neither timed nor counted.
 
     Returns:
         Per name: ``all_reduce_per_step`` (calls, counted), ``per_sync`` (calls one full
-        synchronisation makes), ``step_s`` (the slower rank's seconds per step), ``max_abs_diff``
-        (worst rank vs one process stepping on the whole batch) and ``rank_spread`` (the largest
-        difference between two ranks' parameters).
+        synchronisation makes), ``step_s`` (the slower rank's seconds per step), ``params`` (every
+        rank's, after training: compare with :func:`single_process_accumulation`), and for the
+        demos ``max_abs_diff`` (worst rank vs one process stepping on the whole batch) and
+        ``rank_spread`` (the largest difference between two ranks' parameters).
     """
     if wrapper not in ("naive", "bucketed"):
         raise ValueError(f"wrapper must be 'naive' or 'bucketed', got {wrapper!r}")
@@ -197,23 +273,43 @@ def run_accumulation(step_fns: Sequence[tuple[str, Callable]], world_size: int =
         raise ValueError(f"num_samples={num_samples} must be divisible by world_size x micro_batches = "
                          f"{world_size * micro_batches}, so every micro-batch has the same size")
     per_rank = launch(_accumulation_rank, world_size, args=(list(step_fns), wrapper, micro_batches, num_steps, warmup,
-                                                           tuple(sizes), num_samples, tuple(forbidden)),
+                                                           tuple(sizes), num_samples, seed),
                       timeout=timeout, echo=False)
-    torch.manual_seed(0)
-    ref = MLP(sizes)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.9)
-    inputs, targets = _data(sizes[0], sizes[-1], num_samples=num_samples)
-    for _ in range(warmup + num_steps):
-        nn.functional.cross_entropy(ref(inputs), targets).backward()
-        opt.step()
-        opt.zero_grad()
+    ref = single_process_accumulation(1, num_steps, warmup, sizes, num_samples, seed)[0]
     out = {}
     for name, _ in step_fns:
         runs = [r[name] for r in per_rank]
         out[name] = {
             "all_reduce_per_step": runs[0]["all_reduce_per_step"], "per_sync": runs[0]["per_sync"],
             "step_s": [max(ts) for ts in zip(*(r["step_s"] for r in runs))],
-            "max_abs_diff": max((r["params"][n] - p.detach()).abs().max().item() for r in runs for n, p in ref.named_parameters()),
+            "params": [r["params"] for r in runs],
+            "max_abs_diff": max((r["params"][n] - p).abs().max().item() for r in runs for n, p in ref.items()),
             "rank_spread": max((r["params"][n] - runs[0]["params"][n]).abs().max().item() for r in runs for n in runs[0]["params"]),
         }
     return out
+
+
+def calls_per_sync(wrapper: str, sizes: Sequence[int] = (8, 32, 32, 8)) -> int:
+    """All-reduce calls one synchronisation of ``wrapper`` makes on ``MLP(sizes)``: one per
+    parameter (NaiveDDP), one per bucket of gpulab's plan (BucketedDDP, about 3 buckets)."""
+    module = MLP(sizes)
+    if wrapper == "naive":
+        return len(list(module.parameters()))
+    return len(bucket_assignment(list(module.parameters()), _bucket_mb(module)))
+
+
+def single_process_accumulation(world_size: int = 2, num_steps: int = 2, warmup: int = 0,
+                                sizes: Sequence[int] = (8, 32, 32, 8), num_samples: int = NUM_SAMPLES,
+                                seed: int = 1) -> list[dict[str, torch.Tensor]]:
+    """Every rank's parameters after :func:`run_accumulation`, as one process stepping on the whole
+    batch computes them (``[params] * world_size``)."""
+    torch.manual_seed(0)
+    ref = MLP(sizes)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.9)
+    inputs, targets = _data(sizes[0], sizes[-1], seed=seed, num_samples=num_samples)
+    for _ in range(warmup + num_steps):
+        nn.functional.cross_entropy(ref(inputs), targets).backward()
+        opt.step()
+        opt.zero_grad()
+    params = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    return [params] * world_size
