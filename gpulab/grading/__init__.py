@@ -31,10 +31,5 @@ from gpulab.grading.evidence import rng, seed
 from gpulab.grading.speedup import check_speedup
 
 
-def check_not_calling(fn, *args, forbidden=(), what=None, **kwargs):  # noqa: ANN001, ANN201 - being removed
-    """Transitional: call ``fn``. The references are masked in the graded kernel (gpulab.course.mask)."""
-    return fn(*args, **kwargs)
-
-
 __all__ = ["GradingError", "catch", "check", "check_equal", "check_close", "check_shape", "check_between", "check_ratio",
            "check_raises", "by_reference", "seed", "rng", "check_speedup"]
