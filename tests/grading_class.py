@@ -427,7 +427,7 @@ def attack_cases(course: Path, terminal: str, tag: str) -> dict[str, Case]:
         "shm_filler": Case(answers={"to_device_impl": SHM_FILL.format(tag=tag) + full},
                            note=r"filled its private /dev/shm"),
         "sparse": Case(answers={"to_device_impl": SPARSE + full}, sparse=True,
-                       note=r"not copied: big.bin \(larger than 100 MiB\).*left \d+ MiB of files in its folders"),
+                       note=r"not copied: big.bin \(larger than 100 MiB\).*left \d+ MiB of files in its"),
         "flood": Case(answers={"to_device_impl": FLOOD + full}, note=r"printed too much output; dropped"),
         "detached": Case(answers={"to_device_impl": DETACHED.format(tag=tag) + full},
                          note=r"process\(es\) it started outlived its kernel \(sleep\)"),

@@ -313,7 +313,7 @@ def _note_copies(course: Path, rows: list[GradeRow]) -> None:
             print(f"similarity check of {lab_} skipped: {type(err).__name__}: {err}", flush=True)
             continue
         for row in lab_rows:
-            found = [m.note() for m in copies.get(row.student, [])]
+            found = similarity.notes(copies.get(row.student, []))
             if found:
                 row.notes = "; ".join(filter(None, [row.notes, *found]))
 

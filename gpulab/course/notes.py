@@ -155,6 +155,10 @@ def isolation_notes(peaks: dict[str, int | None], pids_max: int, memory_mb: int,
         elif q.get("cap_files") and q.get("files", 0) >= 0.9 * q["cap_files"]:
             notes.append(f"created {q['files']} files in its {kind} folder (the cap is {q['cap_files']}); "
                          "its files there were not kept")
+        if q.get("not_copied"):
+            nc = q["not_copied"]
+            notes.append(f"left {nc['apparent_mb']} MiB of files in its {kind} folder ({nc['files']} over the size a "
+                         "file may have, by apparent size); none is kept")
         if q.get("copy_error"):
             notes.append(f"its autograded notebook could not be copied out of its folder: {q['copy_error'][:200]}")
     if left.get("left_running"):

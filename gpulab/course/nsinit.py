@@ -140,9 +140,10 @@ def _chown(path: str, st: os.stat_result) -> None:
         pass
 
 
-def _copy_tree(src: str, dst: str, max_bytes: int | None = None) -> int:
+def _copy_tree(src: str, dst: str, max_bytes: int | None = None, left: list[int] | None = None) -> int:
     """Copy the folders and regular files beneath ``src`` into ``dst`` (links, devices, FIFOs and
-    files over ``max_bytes`` are skipped), keeping modes and owners; returns the files copied."""
+    files over ``max_bytes`` are skipped; the apparent size of each file skipped for its size is
+    appended to ``left``), keeping modes and owners; returns the files copied."""
     import shutil
     import stat
 
@@ -154,8 +155,11 @@ def _copy_tree(src: str, dst: str, max_bytes: int | None = None) -> int:
             os.makedirs(d, exist_ok=True)
             os.chmod(d, st.st_mode & 0o7777)
             _chown(d, st)
-            copied += _copy_tree(s, d, max_bytes)
-        elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (max_bytes is None or st.st_size <= max_bytes):
+            copied += _copy_tree(s, d, max_bytes, left)
+        elif stat.S_ISREG(st.st_mode) and max_bytes is not None and st.st_size > max_bytes:
+            if left is not None:
+                left.append(st.st_size)
+        elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
             with open(s, "rb") as fin, open(d, "wb") as fout:
                 shutil.copyfileobj(fin, fout)
             os.chmod(d, st.st_mode & 0o7777)
@@ -178,10 +182,13 @@ def copy_out(quotas: list[tuple[str, int, dict[str, int]]], back: list[str], max
     for folder, under, caps in quotas:
         report[folder] = {**fs_usage(folder), "cap_mb": caps["mib"], "cap_files": caps["files"]}
         if folder in back:
+            left: list[int] = []
             try:
-                _copy_tree(folder, f"/proc/self/fd/{under}", max_bytes)
+                _copy_tree(folder, f"/proc/self/fd/{under}", max_bytes, left)
             except OSError as err:
                 report[folder]["copy_error"] = str(err)
+            if left:  # too big to copy (sparse files count at their apparent size): dropped, and said
+                report[folder]["not_copied"] = {"files": len(left), "apparent_mb": round(sum(left) / 2**20)}
     return report
 
 

@@ -51,6 +51,26 @@ class Match:
                 f"({self.overlap} characters of code in common after names are ignored)")
 
 
+def notes(matches: list[Match], named: int = 3) -> list[str]:
+    """One note per match, except that a cell found in several classmates' answers gets one note
+    naming the first ``named`` of them and counting the rest (a shared answer among 30 is one line)."""
+    out, classmates = [], {}
+    for m in matches:
+        if m.other.startswith("student "):
+            classmates.setdefault(m.cell, []).append(m)
+        else:
+            out.append(m.note())
+    for cell, found in classmates.items():
+        if len(found) <= named:
+            out += [m.note() for m in found]
+            continue
+        low = min(m.share for m in found)
+        names = ", ".join(m.other.removeprefix("student ").removesuffix("'s answer") for m in found[:named])
+        out.append(f"cell {cell} is at least {100 * low:.0f}% the same as the answers of {len(found)} classmates "
+                   f"({names} and {len(found) - named} more)")
+    return out
+
+
 def answer_cells(nb: nbformat.NotebookNode) -> dict[str, str]:
     """``grade_id -> source`` of the code cells a student writes in."""
     out = {}

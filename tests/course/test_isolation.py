@@ -270,6 +270,8 @@ try:
 except OSError as err:
     print("disk full:", err.errno)
 os.remove({str(work / "big.bin")!r})  # room for the result (the grader's own _make_room does this for nbgrader)
+with open({str(work / "sparse.bin")!r}, "wb") as fh:
+    fh.truncate(200 * 2**20)  # holds nothing on the tmpfs; too big to be copied out
 for i in range(5000):
     try:
         open(f"{str(tmp)}/f{{i}}", "w").close()
@@ -291,6 +293,7 @@ open({str(work / "result.ipynb")!r}, "w").write("kept")
         assert not (tmp / "f1").exists() and (tmp / "given.txt").exists()  # ... the temp folder's files are not
         quota = json.loads(report.read_text())["quota"]
         assert quota[str(tmp)]["files"] >= 990 and quota[str(work)]["cap_mb"] == 16
+        assert not (work / "sparse.bin").exists() and quota[str(work)]["not_copied"] == {"files": 1, "apparent_mb": 200}
     finally:
         subprocess.run(["rm", "-rf", str(clone)])
         shutil.rmtree(tmp_path, ignore_errors=True)

@@ -34,3 +34,12 @@ def test_copies_are_found_with_names_changed_and_honest_cells_are_not() -> None:
     assert [m.other for m in found["cho"]] == ["gpulab's reference gpulab.devices.batches.tree_map"]
     assert found["dan"] == [] and found["eve"] == []  # a short answer, the untouched stub
     assert "cell c is" in found["cho"][0].note()
+
+
+def test_a_cell_shared_by_many_classmates_is_one_note() -> None:
+    ref = similarity.Match("c", "gpulab's reference tree_map", 0.95, 300)
+    few = [similarity.Match("c", f"student s{i}'s answer", 0.9 + i / 100, 200) for i in range(2)]
+    many = [similarity.Match("d", f"student s{i}'s answer", 1.0 - i / 100, 260) for i in range(7)]
+    got = similarity.notes([ref, *few, *many])
+    assert got[:3] == [ref.note(), few[0].note(), few[1].note()]
+    assert got[3:] == ["cell d is at least 94% the same as the answers of 7 classmates (s0, s1, s2 and 4 more)"]
