@@ -5,8 +5,9 @@ autograde`` in one process, in alternating rounds of one run.
     flock /tmp/gpulab-cpu.lock .venv/bin/python benchmarks/grading.py [--lab 00_setup] [--submissions 10]
         [--rounds 2] [--jobs 1] [--parallel] [--old /path/to/an/earlier/checkout]
 
-``--old`` also grades the class with the grader of another checkout (a ``git worktree`` of an
-earlier commit: its ``gpulab`` is put first on ``PYTHONPATH``, in the same environment), in the same
+``--old`` also grades a class of the same size with the grader of another checkout (a ``git worktree``
+of an earlier commit: its ``gpulab`` is put first on ``PYTHONPATH``, in the same environment; its
+students hand in that checkout's source notebook, whose hidden tests call its own graders), in the same
 alternating rounds: ``vs_old`` is this grader's time over that one's. The verdicts issue's targets:
 lab 00 with one worker at most 1.3x plain nbgrader; 30 lab-06 submissions at 2 jobs within 1.2x
 of the grader before it (``--lab 06_ddp --submissions 30 --jobs 2 --old ...``).
@@ -58,10 +59,10 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "scores": [r.score for r 
 """
 
 
-def make_class(root: Path, submissions: int, lab: str = LAB) -> Path:
-    """A course copy with ``submissions`` students, each handing in the source notebook."""
-    shutil.copytree(REPO / "notebooks" / "source", root / "source")
-    shutil.copy(REPO / "notebooks" / "nbgrader_config.py", root / "nbgrader_config.py")
+def make_class(root: Path, submissions: int, lab: str = LAB, repo: Path = REPO) -> Path:
+    """A course copy of ``repo``'s labs with ``submissions`` students, each handing in the source notebook."""
+    shutil.copytree(repo / "notebooks" / "source", root / "source")
+    shutil.copy(repo / "notebooks" / "nbgrader_config.py", root / "nbgrader_config.py")
     release(root, lab)
     for i in range(submissions):
         shutil.copytree(root / "source" / lab, root / "submitted" / f"student_{i:03d}" / lab)
@@ -113,14 +114,16 @@ def main() -> None:
     new, new_cpu, plain, plain_cpu, old, old_cpu, plain_ok = [], [], [], [], [], [], True
     scores, old_scores = [], []
     with tempfile.TemporaryDirectory(prefix="gpulab-bench-") as tmp:
-        course = make_class(Path(tmp), args.submissions, args.lab)
+        course = make_class(Path(tmp) / "class", args.submissions, args.lab)
+        # the earlier grader grades the earlier lab (its hidden tests call its own gpulab.grading)
+        old_course = make_class(Path(tmp) / "old", args.submissions, args.lab, Path(args.old)) if args.old else None
         for _ in range(args.rounds):
             seconds, cpu, got = timed_grade(course, args.jobs, args.lab)
             new.append(seconds)
             new_cpu.append(cpu)
             scores = got
             if args.old:
-                seconds, cpu, got = timed_old(course, args.jobs, args.lab, Path(args.old))
+                seconds, cpu, got = timed_old(old_course, args.jobs, args.lab, Path(args.old))
                 old.append(seconds)
                 old_cpu.append(cpu)
                 old_scores = got
