@@ -30,6 +30,5 @@ from gpulab.grading.checks import (
 from gpulab.grading.evidence import rng, seed
 from gpulab.grading.speedup import check_speedup
 
-
 __all__ = ["GradingError", "catch", "check", "check_equal", "check_close", "check_shape", "check_between", "check_ratio",
            "check_raises", "by_reference", "seed", "rng", "check_speedup"]
