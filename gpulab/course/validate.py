@@ -61,6 +61,9 @@ class Validation:
         for first in self.changed:
             lines.append(f"a test cell was edited, restore it (the grader uses the original): {first}")
         for first, err in self.failed:
+            if first == "YOUR ANSWER HERE" and "did not provide a response" in err:  # nbgrader's markdown answer
+                lines.append("a written answer is still 'YOUR ANSWER HERE': write it (the instructor grades it)")
+                continue
             last = err.strip().splitlines()[-1] if err.strip() else "(no output)"
             lines.append(f"test failed: {first}\n  {last}")
         return "\n".join(lines)
