@@ -463,7 +463,9 @@ def cases(course: Path) -> dict[str, Case]:
         "sigkill": Case(answers={"triage_impl": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"}, score=6,
                         note=r"the kernel died in cell \d+ \(triage_impl\)"),
         "escapee": Case(answers={"to_device_impl": ESCAPE.format(course=str(course), repo=REPO) + "\n{solution}"},
-                        note=r"tried to write outside its folder: .*/ESCAPED.txt, <grading copy>/ESCAPED.txt \(refused\)"),
+                        # the checkout's own path is refused by Landlock, or read-only where the checkout
+                        # is bound back under a hidden /tmp (then not written, and not listed)
+                        note=r"tried to write outside its folder: (.*/ESCAPED.txt, )?<grading copy>/ESCAPED.txt \(refused\)"),
         "peeker": Case(answers={"choose_backend_impl": PEEK.format(course=str(course)) + "\n{solution}"},
                        note=r"tried to read the instructor's files: .*/source/00_setup/00_setup.ipynb, "
                             r"<grading copy>/gradebook.db \(refused\)"),

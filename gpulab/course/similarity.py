@@ -64,9 +64,10 @@ def notes(matches: list[Match], named: int = 3) -> list[str]:
         if len(found) <= named:
             out += [m.note() for m in found]
             continue
-        low = min(m.share for m in found)
+        shares = {f"{100 * m.share:.0f}%" for m in found}
+        share = shares.pop() if len(shares) == 1 else f"at least {100 * min(m.share for m in found):.0f}%"
         names = ", ".join(m.other.removeprefix("student ").removesuffix("'s answer") for m in found[:named])
-        out.append(f"cell {cell} is at least {100 * low:.0f}% the same as the answers of {len(found)} classmates "
+        out.append(f"cell {cell} is {share} the same as the answers of {len(found)} classmates "
                    f"({names} and {len(found) - named} more)")
     return out
 

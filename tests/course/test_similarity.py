@@ -43,3 +43,5 @@ def test_a_cell_shared_by_many_classmates_is_one_note() -> None:
     got = similarity.notes([ref, *few, *many])
     assert got[:3] == [ref.note(), few[0].note(), few[1].note()]
     assert got[3:] == ["cell d is at least 94% the same as the answers of 7 classmates (s0, s1, s2 and 4 more)"]
+    same = [similarity.Match("e", f"student t{i}'s answer", 1.0, 260) for i in range(4)]
+    assert similarity.notes(same) == ["cell e is 100% the same as the answers of 4 classmates (t0, t1, t2 and 1 more)"]
