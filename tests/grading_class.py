@@ -696,7 +696,8 @@ def evidence_cases() -> dict[str, Case]:
         "getsource_masked": Case(answers={**BLANK, "to_device_impl": GETSOURCE}, score=0,
                                  note=r"masked while grading"),
         "paste_reference": Case(answers={**honest(0), "to_device_impl": pasted_reference()},
-                                note=r"to_device_impl is \d+% the same as gpulab's reference gpulab.devices.batches.tree_map"),
+                                note=r"to_device_impl (is \d+% the same as|holds \d+% of) gpulab's reference "
+                                     r"gpulab.devices.batches.tree_map"),
     }
 
 

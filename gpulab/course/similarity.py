@@ -45,10 +45,13 @@ class Match:
     other: str          # "gpulab's reference <name>", "the course's solution", "student <id>'s answer"
     share: float        # of the student's cell
     overlap: int        # filtered characters in common
+    holds: float = 0.0  # of the reference or solution found in the student's cell
 
     def note(self) -> str:
-        return (f"cell {self.cell} is {100 * self.share:.0f}% the same as {self.other} "
-                f"({self.overlap} characters of code in common after names are ignored)")
+        common = f"({self.overlap} characters of code in common after names are ignored)"
+        if self.share < THRESHOLD <= self.holds:  # pasted whole, inside code of the student's own
+            return f"cell {self.cell} holds {100 * self.holds:.0f}% of {self.other} {common}"
+        return f"cell {self.cell} is {100 * self.share:.0f}% the same as {self.other} {common}"
 
 
 def notes(matches: list[Match], named: int = 3) -> list[str]:
@@ -139,9 +142,10 @@ def find_copies(submissions: dict[str, dict[str, str]], release: dict[str, str],
         known_prints = {name: _fingerprint("known", text, boiler) for name, text in known.items()}
         for student, fp in prints.items():
             for name, other in known_prints.items():
-                overlap, share, _ = _compare(fp, other)
-                if overlap >= MIN_OVERLAP and share >= THRESHOLD:
-                    found[student].append(Match(cell, name, share, overlap))
+                # a reference or the solution pasted whole counts, however much code is around it
+                overlap, share, holds = _compare(fp, other)
+                if overlap >= MIN_OVERLAP and max(share, holds) >= THRESHOLD:
+                    found[student].append(Match(cell, name, share, overlap, holds))
         for a, b in combinations(sorted(prints), 2):
             overlap, share_a, share_b = _compare(prints[a], prints[b])
             if overlap >= MIN_OVERLAP and min(share_a, share_b) >= THRESHOLD:

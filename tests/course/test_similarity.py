@@ -45,3 +45,13 @@ def test_a_cell_shared_by_many_classmates_is_one_note() -> None:
     assert got[3:] == ["cell d is at least 94% the same as the answers of 7 classmates (s0, s1, s2 and 4 more)"]
     same = [similarity.Match("e", f"student t{i}'s answer", 1.0, 260) for i in range(4)]
     assert similarity.notes(same) == ["cell e is 100% the same as the answers of 4 classmates (t0, t1, t2 and 1 more)"]
+
+
+def test_a_reference_pasted_whole_inside_code_of_ones_own_is_found() -> None:
+    wrapper = "\n".join(f"def helper_{i}(x, scale={i}):\n    return [v * scale + {i} for v in x if v is not None]\n"
+                        for i in range(6))  # as much code again as the reference: most of the cell is not it
+    pasted = inspect.getsource(tree_map) + "\n" + wrapper
+    found = similarity.find_copies({"cho": {"c": pasted}}, {"c": STUB}, {}, similarity.reference_sources([tree_map]))
+    [match] = found["cho"]
+    assert match.share < similarity.THRESHOLD <= match.holds
+    assert match.note().startswith("cell c holds ") and "gpulab's reference gpulab.devices.batches.tree_map" in match.note()
