@@ -695,7 +695,7 @@ def evidence_cases() -> dict[str, Case]:
         "call_masked": Case(answers={**BLANK, **MASKED_CALLS}, score=0, note=r"masked while grading"),
         "getsource_masked": Case(answers={**BLANK, "to_device_impl": GETSOURCE}, score=0,
                                  note=r"masked while grading"),
-        "paste_reference": Case(answers={**honest(0), "to_device_impl": pasted_reference()},
+        "paste_reference": Case(answers={"to_device_impl": pasted_reference()},  # the rest as the attackers' (not an honest student's)
                                 note=r"to_device_impl (is \d+% the same as|holds \d+% of) gpulab's reference "
                                      r"gpulab.devices.batches.tree_map"),
     }
