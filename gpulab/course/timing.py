@@ -109,10 +109,9 @@ def speed_verdict(spec: dict[str, Any], mine: Runs, ref: Runs) -> tuple[str | No
     min_cores = float(spec.get("min_cores", 1.6))
     relative = float(spec.get("relative", 0.85))
     if mine.cpus < min_cores and speedup >= relative * ref_speedup:
-        why = (f"{mine.cpus} core(s), fewer than {min_cores:g}" if min_cores <= 64
-               else f"at least {relative:.2f} x its speed-up, the bar on every machine")
-        return None, figures + f": passed relative to the reference ({why})"
+        return None, figures + f": passed relative to the reference ({judge.relative_bar_why(min_cores, relative, mine.cpus)})"
     bar = f"at least {at_least:.2f}x" + (f" (or {relative:.2f} x the reference's {ref_speedup:.2f}x"
-                                         + (f" with fewer than {min_cores:g} cores)" if min_cores <= 64 else ")")
+                                         + (f" with fewer than {min_cores:g} cores)"
+                                            if min_cores <= judge.EVERY_MACHINE_CORES else ")")
                                          if mine.cpus < min_cores else "")
     return fail(f"needs {bar}; measured {figures}"), figures

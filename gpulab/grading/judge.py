@@ -29,6 +29,17 @@ DTYPES = {"float16", "float32", "float64", "bfloat16", "int8", "int16", "int32",
 TOLERANCES = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5),
               "float64": (1e-7, 1e-7), "complex64": (1.3e-6, 1e-5), "complex128": (1e-7, 1e-7)}
 PY_FLOAT = (1e-7, 1e-7)
+# a speed check whose ``min_cores`` is above this asks for its relative bar on every machine (lab 07)
+EVERY_MACHINE_CORES = 64
+
+
+def relative_bar_why(min_cores: float, relative: float, cores: float | None = None) -> str:
+    """Why a speed check's relative bar (``relative`` x the reference's speed-up) applies: the work
+    had fewer than ``min_cores`` cores, or that bar applies on every machine."""
+    if min_cores > EVERY_MACHINE_CORES:
+        return f"at least {relative:.2f} x its speed-up, the bar on every machine"
+    had = f"{cores:g} core(s), " if cores is not None else "the work got "
+    return f"{had}fewer than {min_cores:g}"
 
 
 class EvidenceError(ValueError):

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpulab.grading import evidence
+from gpulab.grading import evidence, judge
 from gpulab.grading.checks import GradingError
 
 __all__ = ["check_speedup", "SpeedupReport"]
@@ -137,9 +137,8 @@ def check_speedup(candidate: Work, baseline: Work, *, what: str, at_least: float
         ref_times = [_time(reference, s)[0] for s in seeds[:repeats]]
         report.reference_s = statistics.median(ref_times)
         if report.speedup >= relative * (report.reference_speedup or 0.0):
-            report.passed_how = (f"passed relative to gpulab's reference (at least {relative:.2f} x its speed-up here, "
-                                 + (f"as the work got fewer than {min_cores:g} cores)" if min_cores <= 64 else
-                                    "the bar on every machine)"))
+            report.passed_how = ("passed relative to gpulab's reference "
+                                 f"({judge.relative_bar_why(min_cores, relative, round(report.cores, 2))})")
             return report
     bar = f"at least {at_least:.2f}x" + (f" (or {relative:.2f} x the reference's {report.reference_speedup:.2f}x on "
                                          f"a machine short of cores)" if report.reference_s is not None else "")
