@@ -73,6 +73,10 @@ def random_machines(rng: random.Random, n: int) -> list[tuple[MachineSpec, Any]]
         gpus = rng.choice([0, 1, 2, 3, 4, 8])
         spec = MachineSpec(num_gpus=gpus, cuda_build=rng.random() < 0.8, nccl=rng.random() < 0.7)
         cases.append((spec, rng.randint(1, max(2, 2 * gpus))))
+    # whatever the seed drew, the cases that tell each rule apart: GPUs enough but no NCCL, a GPU per
+    # rank with NCCL, more ranks than GPUs, and no CUDA build
+    cases += [(MachineSpec(num_gpus=4, cuda_build=True, nccl=False), 2), (MachineSpec(num_gpus=4, cuda_build=True, nccl=True), 4),
+              (MachineSpec(num_gpus=2, cuda_build=True, nccl=True), 3), (MachineSpec(num_gpus=2, cuda_build=False, nccl=False), 2)]
     return cases
 
 
