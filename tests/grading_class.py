@@ -45,9 +45,9 @@ class Case:
 
 
 WRONG_BACKEND = '''def choose_backend(machine, world_size):
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError("world_size must be a positive int")
-    return "nccl" if machine.usable_gpus >= world_size else "gloo"   # forgets machine.nccl
+    if not isinstance(world_size, int) or world_size < 1 or world_size % machine.num_nodes:
+        raise ValueError("world_size must be a positive int that splits over the nodes")
+    return "nccl" if machine.usable_gpus >= world_size // machine.num_nodes else "gloo"   # forgets machine.nccl
 '''
 # Honest students write their own code: four ways each to write the two long exercises, all right
 # (tests/test_grading_class.py checks them against the references), none a copy of another, of the

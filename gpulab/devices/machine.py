@@ -21,8 +21,13 @@ __all__ = ["MachineSpec", "choose_backend", "place_ranks"]
 class MachineSpec:
     """A description of a machine, as far as choosing a backend and placement is concerned.
 
+    A job may span several nodes, each one like this: torchrun starts ``world_size // num_nodes``
+    ranks on every node (its ``--nproc-per-node``), numbered node by node, and each rank's *local*
+    rank (``LOCAL_RANK``) counts from 0 on its own node. A GPU belongs to one node, so every rule about
+    GPUs is a rule about one node: its GPUs and its local ranks.
+
     Attributes:
-        num_gpus: CUDA GPUs that torch can see (after ``CUDA_VISIBLE_DEVICES``).
+        num_gpus: CUDA GPUs that torch can see on each node (after ``CUDA_VISIBLE_DEVICES``).
         cuda_build: whether the installed torch drives GPUs through ``torch.cuda`` (a CUDA build, or
             a ROCm one, which uses the same API).
         nccl: whether torch was built with NCCL (``torch.distributed.is_nccl_available()``).
@@ -32,6 +37,7 @@ class MachineSpec:
     num_gpus: int = 0
     cuda_build: bool = False
     nccl: bool = False
+    num_nodes: int = 1
     name: str = "machine"
 
     @classmethod
@@ -41,7 +47,7 @@ class MachineSpec:
 
         nccl = bool(dist.is_available() and dist.is_nccl_available())
         # torch.cuda._is_compiled (private) is the build test cuda_device_count uses; it touches no driver
-        return cls(cuda_device_count(), torch.cuda._is_compiled(), nccl, "this machine")
+        return cls(cuda_device_count(), torch.cuda._is_compiled(), nccl, name="this machine")
 
     @property
     def usable_gpus(self) -> int:
@@ -49,44 +55,55 @@ class MachineSpec:
         return self.num_gpus if self.cuda_build else 0
 
 
-def _check_world_size(world_size: int) -> None:
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int (one process per rank), got {world_size!r}")
+    def ranks_per_node(self, world_size: int) -> int:
+        """torchrun's ``--nproc-per-node`` for ``world_size`` ranks over :attr:`num_nodes` nodes.
+
+        Raises:
+            ValueError: if ``world_size`` is not a positive int, or not a multiple of the nodes.
+        """
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int (one process per rank), got {world_size!r}")
+        if world_size % self.num_nodes:
+            raise ValueError(f"world_size={world_size} does not split evenly over {self.num_nodes} nodes: "
+                             "torchrun starts the same number of ranks on every node")
+        return world_size // self.num_nodes
 
 
 def choose_backend(machine: MachineSpec, world_size: int) -> str:
     """The torch.distributed backend for ``world_size`` ranks on ``machine``.
 
     NCCL is the fast choice, but only when every rank owns a GPU: NCCL refuses two ranks on one
-    GPU ("Duplicate GPU detected"), and it has no CPU path. Everything else uses gloo.
+    GPU ("Duplicate GPU detected"), and it has no CPU path. Everything else uses gloo. The GPUs a rank
+    can own are those of its own node, so the test compares one node's GPUs with one node's ranks:
+    2 nodes of 8 GPUs run 16 ranks under NCCL.
 
     Args:
-        machine: the machine description.
-        world_size: number of processes (ranks).
+        machine: the description of each node.
+        world_size: number of processes (ranks) in the whole job.
 
     Returns:
         ``"nccl"`` or ``"gloo"``.
 
     Raises:
-        ValueError: if ``world_size`` is not a positive int.
+        ValueError: if ``world_size`` is not a positive int, or not a multiple of the nodes.
     """
-    _check_world_size(world_size)
-    if machine.nccl and machine.usable_gpus >= world_size:
+    per_node = machine.ranks_per_node(world_size)
+    if machine.nccl and machine.usable_gpus >= per_node:
         return "nccl"
     return "gloo"
 
 
 def place_ranks(machine: MachineSpec, world_size: int) -> list[str]:
-    """The device string for each rank: ``cuda:i`` round-robin over usable GPUs, else ``cpu``.
+    """The device string for each global rank: ``cuda:i`` round-robin over its node's usable GPUs by
+    *local* rank (``torch.cuda.set_device(local_rank)``, as torchrun's scripts do), else ``cpu``.
 
-    With fewer GPUs than ranks, ranks share GPUs (and the backend must be gloo, see
+    With fewer GPUs than ranks on a node, ranks share GPUs (and the backend must be gloo, see
     :func:`choose_backend`); on a CPU build every rank is on the CPU even if GPUs exist.
 
     Raises:
-        ValueError: if ``world_size`` is not a positive int.
+        ValueError: if ``world_size`` is not a positive int, or not a multiple of the nodes.
     """
-    _check_world_size(world_size)
-    gpus = machine.usable_gpus
+    per_node, gpus = machine.ranks_per_node(world_size), machine.usable_gpus
     if gpus == 0:
         return ["cpu"] * world_size
-    return [f"cuda:{rank % gpus}" for rank in range(world_size)]
+    return [f"cuda:{(rank % per_node) % gpus}" for rank in range(world_size)]

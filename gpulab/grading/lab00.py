@@ -66,17 +66,19 @@ def random_batch(rng: random.Random, depth: int = 3) -> Any:
 
 
 def random_machines(rng: random.Random, n: int) -> list[tuple[MachineSpec, Any]]:
-    """``n`` (machine, world_size) cases: GPU counts, builds and NCCL at random, world sizes from 1
-    to twice the GPUs, and a few bad world sizes (0, negative, a float, a string)."""
+    """``n`` (machine, world_size) cases: GPU counts, builds, NCCL and 1-4 nodes at random, from 1 to
+    twice the GPUs ranks per node; then the cases that tell the rules apart, whatever the seed drew."""
     cases = []
     for _ in range(n):
-        gpus = rng.choice([0, 1, 2, 3, 4, 8])
-        spec = MachineSpec(num_gpus=gpus, cuda_build=rng.random() < 0.8, nccl=rng.random() < 0.7)
-        cases.append((spec, rng.randint(1, max(2, 2 * gpus))))
-    # whatever the seed drew, the cases that tell each rule apart: GPUs enough but no NCCL, a GPU per
-    # rank with NCCL, more ranks than GPUs, and no CUDA build
-    cases += [(MachineSpec(num_gpus=4, cuda_build=True, nccl=False), 2), (MachineSpec(num_gpus=4, cuda_build=True, nccl=True), 4),
-              (MachineSpec(num_gpus=2, cuda_build=True, nccl=True), 3), (MachineSpec(num_gpus=2, cuda_build=False, nccl=False), 2)]
+        gpus, nodes = rng.choice([0, 1, 2, 3, 4, 8]), rng.choice([1, 1, 2, 4])
+        spec = MachineSpec(num_gpus=gpus, cuda_build=rng.random() < 0.8, nccl=rng.random() < 0.7, num_nodes=nodes)
+        cases.append((spec, nodes * rng.randint(1, max(2, 2 * gpus))))
+    # GPUs enough but no NCCL, a GPU per rank with NCCL, more ranks than GPUs, no CUDA build, and the
+    # local view: 2 nodes x 8 GPUs take 16 ranks under NCCL, and 3 ranks on each of 2 two-GPU nodes
+    # place global rank 3 (local rank 0) on cuda:0
+    spec = MachineSpec
+    cases += [(spec(4, True, False), 2), (spec(4, True, True), 4), (spec(2, True, True), 3), (spec(2, False, False), 2),
+              (spec(8, True, True, num_nodes=2), 16), (spec(2, True, True, num_nodes=2), 6)]
     return cases
 
 

@@ -55,3 +55,21 @@ def test_a_reference_pasted_whole_inside_code_of_ones_own_is_found() -> None:
     [match] = found["cho"]
     assert match.share < similarity.THRESHOLD <= match.holds
     assert match.note().startswith("cell c holds ") and "gpulab's reference gpulab.devices.batches.tree_map" in match.note()
+
+
+def test_a_short_rule_written_alike_by_the_class_is_not_a_copy() -> None:
+    """Lab 00's backend and placement rules come to three or four statements: every honest student
+    writes them alike, and the solution too. None of them is noted; a helper of nine lines is."""
+    import re
+    from pathlib import Path
+
+    import nbformat
+
+    source = similarity.answer_cells(nbformat.read(Path(__file__).parents[2] / "notebooks/source/00_setup/00_setup.ipynb",
+                                                   as_version=4))
+    for cell in ("choose_backend_impl", "place_ranks_impl"):
+        answer = re.sub(r"\n?\s*### (BEGIN|END) SOLUTION", "", source[cell])
+        found = similarity.find_copies({s: {cell: answer} for s in ("ana", "ben", "cho")}, {}, {cell: source[cell]}, {})
+        assert found == {"ana": [], "ben": [], "cho": []}, cell
+    helper = inspect.getsource(tree_map)
+    assert similarity.find_copies({"ana": {"c": helper}, "ben": {"c": helper}}, {}, {}, {})["ana"]

@@ -88,3 +88,24 @@ def test_this_machine_on_a_faked_two_gpu_cuda_build(monkeypatch) -> None:
     assert (spec.num_gpus, spec.cuda_build, spec.nccl) == (2, True, True)
     assert choose_backend(spec, 2) == "nccl" and place_ranks(spec, 2) == ["cuda:0", "cuda:1"]
     assert choose_backend(spec, 3) == "gloo"
+
+
+def test_two_nodes_of_eight_gpus_run_sixteen_ranks_under_nccl() -> None:
+    """The rule is per node (torchrun's local view): 2 nodes x 8 GPUs hold 16 ranks, one GPU each."""
+    two_dgx = MachineSpec(num_gpus=8, cuda_build=True, nccl=True, num_nodes=2)
+    assert choose_backend(two_dgx, 16) == "nccl"
+    assert choose_backend(two_dgx, 32) == "gloo"  # 16 ranks on each node's 8 GPUs
+    assert place_ranks(two_dgx, 16) == [f"cuda:{r % 8}" for r in range(16)]
+
+
+def test_placement_counts_local_ranks_not_global_ones() -> None:
+    """3 ranks on each of 2 two-GPU nodes: node 1's first rank (global rank 3) is local rank 0 -> cuda:0,
+    where a round-robin over global ranks would put it on cuda:1."""
+    nodes = MachineSpec(num_gpus=2, cuda_build=True, nccl=False, num_nodes=2)
+    assert place_ranks(nodes, 6) == ["cuda:0", "cuda:1", "cuda:0", "cuda:0", "cuda:1", "cuda:0"]
+
+
+@pytest.mark.parametrize("rule", [choose_backend, place_ranks])
+def test_a_world_size_that_does_not_split_over_the_nodes_names_the_fix(rule) -> None:
+    with pytest.raises(ValueError, match="does not split evenly over 2 nodes"):
+        rule(MachineSpec(num_gpus=4, cuda_build=True, nccl=True, num_nodes=2), 3)

@@ -80,9 +80,9 @@ def rank_device(rank: int | None = None) -> torch.device:
     if rank is None:
         rank = int(os.environ.get("LOCAL_RANK", dist.get_rank() if dist.is_initialized() else 0))
     if dist.is_initialized() and dist.get_backend() == "nccl":
-        # round-robin: rank r's GPU does not depend on how many ranks there are after it
-        world_size = max(dist.get_world_size(), rank + 1)
-        return torch.device(place_ranks(MachineSpec.this_machine(), world_size)[rank])
+        # this node's view: its GPUs and its ranks (torchrun's LOCAL_WORLD_SIZE; gpulab's launcher is one node)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        return torch.device(place_ranks(MachineSpec.this_machine(), max(local_world, rank + 1))[rank])
     return torch.device("cpu")
 
 
