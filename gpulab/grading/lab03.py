@@ -73,14 +73,28 @@ def reference_storage(num_samples: int, sample_shape: Sequence[int], dtype: Any)
     return {"chunks": tuple(chunks), "rdcc_nbytes": cache.rdcc_nbytes, "rdcc_nslots": cache.rdcc_nslots}
 
 
+def _is_prime(n: int) -> bool:  # not next_prime: that reference is masked in a graded kernel
+    return n >= 2 and all(n % d for d in range(2, math.isqrt(n) + 1))
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-def storage_facts(choice: Any, shape: Sequence[int]) -> dict[str, Any]:
-    """What the exercise asks of a ``choose_storage`` answer for an array of ``shape``, as values
-    (the same for every correct answer): its keys, the number of chunk axes, whether each chunk
-    size fits its axis, and whether the cache settings are ints within the budget."""
+def storage_facts(choice: Any, shape: Sequence[int], dtype: Any) -> dict[str, Any]:
+    """What the exercise asks of a ``choose_storage`` answer for an array of ``shape`` and ``dtype``,
+    as values (the same for every correct answer, whichever design reached it):
+
+    - its keys, the number of chunk axes, each chunk size within its axis;
+    - chunks of whole samples (split along axis 0 only: a shuffled read then touches one chunk);
+    - 10 KiB to 1 MiB per chunk, h5py's guidance for chunk sizes (fewer bytes cost an index entry and
+      a filter call per few samples; more cost decompression per read), except that a chunk may hold
+      every sample when all of them are under 10 KiB, or a single sample over 1 MiB;
+    - a cache of at least one whole chunk and at most 4 MiB, with a prime number of hash slots
+      between 100x and 200x the chunks it holds (h5py's "about 100 times", a prime for even hashing).
+
+    A near-constant answer (one sample per chunk, a fixed cache) misses the size band or the slot
+    rule on some of the hidden test's arrays, which range from a few bytes to 1 MiB per sample."""
     wanted = ("chunks", "rdcc_nbytes", "rdcc_nslots")
     keys = [k for k in wanted if k in choice] if isinstance(choice, dict) else f"a {type(choice).__name__}"
     facts: dict[str, Any] = {"keys (of chunks, rdcc_nbytes, rdcc_nslots)": keys}
@@ -91,11 +105,20 @@ def storage_facts(choice: Any, shape: Sequence[int]) -> dict[str, Any]:
     except (TypeError, ValueError):
         chunks = None
     facts["axes of chunks"] = None if chunks is None else len(chunks)
-    facts["each chunk size between 1 and its axis' length"] = chunks is not None and len(chunks) == len(shape) \
-        and all(1 <= c <= n for c, n in zip(chunks, shape))
+    fits = chunks is not None and len(chunks) == len(shape) and all(1 <= c <= n for c, n in zip(chunks, shape))
+    facts["each chunk size between 1 and its axis' length"] = fits
+    whole = fits and tuple(chunks[1:]) == tuple(shape[1:])
+    facts["chunks hold whole samples"] = whole
+    sample_nbytes = math.prod(shape[1:]) * np.dtype(dtype).itemsize
+    chunk_nbytes = chunks[0] * sample_nbytes if whole else None
+    facts["10 KiB to 1 MiB per chunk"] = whole and (chunk_nbytes >= 10 * 1024 or chunks[0] == shape[0]) \
+        and (chunk_nbytes <= MiB or chunks[0] == 1)
     nbytes, nslots = choice["rdcc_nbytes"], choice["rdcc_nslots"]
-    facts["rdcc_nbytes an int from 0 to 4 MiB"] = _is_int(nbytes) and 0 <= nbytes <= CACHE_BUDGET
-    facts["rdcc_nslots an int >= 1"] = _is_int(nslots) and nslots >= 1
+    facts["rdcc_nbytes an int from one chunk to 4 MiB"] = _is_int(nbytes) and nbytes <= CACHE_BUDGET \
+        and chunk_nbytes is not None and nbytes >= chunk_nbytes
+    held = int(nbytes) // chunk_nbytes if facts["rdcc_nbytes an int from one chunk to 4 MiB"] else 0
+    facts["rdcc_nslots a prime, 100x to 200x the chunks the cache holds"] = _is_int(nslots) and held >= 1 \
+        and 100 * held <= nslots <= 200 * held and _is_prime(int(nslots))
     return facts
 
 

@@ -129,22 +129,44 @@ def files(tmp_path_factory):
 
 # --- choose_storage -------------------------------------------------------------------------------
 
+NEAR_CONSTANT = {  # answers that ignore the arguments but for the shape they must echo
+    "one sample per chunk, fixed cache": lambda n, s, d: {"chunks": (1, *s), "rdcc_nbytes": 4 * MiB, "rdcc_nslots": 10007},
+    "64 samples per chunk": lambda n, s, d: {"chunks": (min(n, 64), *s), "rdcc_nbytes": 4 * MiB, "rdcc_nslots": 100003},
+    "10 KiB chunks, a huge slot table": lambda n, s, d: {
+        "chunks": (min(n, max(1, -(-10240 // (math.prod(s) * np.dtype(d).itemsize)))), *s),
+        "rdcc_nbytes": 4 * MiB, "rdcc_nslots": 1_000_000_007},
+    "10 KiB chunks, a cache of one chunk": lambda n, s, d: {
+        "chunks": (min(n, max(1, -(-10240 // (math.prod(s) * np.dtype(d).itemsize)))), *s),
+        "rdcc_nbytes": 10240, "rdcc_nslots": 101},
+}
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_the_solution_has_the_references_facts_and_a_constant_does_not(seed) -> None:
+def test_the_solution_has_the_references_facts_and_near_constants_do_not(seed) -> None:
     cases = lab03.storage_cases(random.Random(seed), 40)
     assert len(cases) == 40 and all(math.prod(s) * np.dtype(d).itemsize <= MiB for _, s, d in cases)
-    want = {c: lab03.storage_facts(lab03.reference_storage(*c), (c[0], *c[1])) for c in cases}
-    assert same({c: lab03.storage_facts(choose_storage(*c), (c[0], *c[1])) for c in cases}, want)
-    assert all(v["each chunk size between 1 and its axis' length"] for v in want.values())
+    want = {c: lab03.storage_facts(lab03.reference_storage(*c), (c[0], *c[1]), c[2]) for c in cases}
+    assert all(all(v is True or isinstance(v, (int, list)) for v in facts.values()) for facts in want.values())
+    assert same({c: lab03.storage_facts(choose_storage(*c), (c[0], *c[1]), c[2]) for c in cases}, want)
     const = {"chunks": (64, 3, 64, 64), "rdcc_nbytes": 4 * MiB, "rdcc_nslots": 10007}
-    assert not same({c: lab03.storage_facts(const, (c[0], *c[1])) for c in cases}, want)
+    assert not same({c: lab03.storage_facts(const, (c[0], *c[1]), c[2]) for c in cases}, want)
+    for name, answer in NEAR_CONSTANT.items():
+        assert not same({c: lab03.storage_facts(answer(*c), (c[0], *c[1]), c[2]) for c in cases}, want), name
 
 
 def test_storage_facts_name_what_is_wrong() -> None:
-    assert lab03.storage_facts("no", (5, 2)) == {"keys (of chunks, rdcc_nbytes, rdcc_nslots)": "a str"}
-    bad = lab03.storage_facts({"chunks": (9, 2), "rdcc_nbytes": 8 * MiB, "rdcc_nslots": 0.5}, (5, 2))
+    assert lab03.storage_facts("no", (5, 2), "uint8") == {"keys (of chunks, rdcc_nbytes, rdcc_nslots)": "a str"}
+    bad = lab03.storage_facts({"chunks": (9, 2), "rdcc_nbytes": 8 * MiB, "rdcc_nslots": 0.5}, (5, 2), "uint8")
     assert bad["axes of chunks"] == 2 and not bad["each chunk size between 1 and its axis' length"]
-    assert not bad["rdcc_nbytes an int from 0 to 4 MiB"] and not bad["rdcc_nslots an int >= 1"]
+    assert not bad["rdcc_nbytes an int from one chunk to 4 MiB"]
+    assert not bad["rdcc_nslots a prime, 100x to 200x the chunks the cache holds"]
+    split = lab03.storage_facts({"chunks": (4, 1), "rdcc_nbytes": MiB, "rdcc_nslots": 101}, (50_000, 2), "float32")
+    assert split["each chunk size between 1 and its axis' length"] and not split["chunks hold whole samples"]
+    # 2,560 samples of 4 bytes (10 KiB) per chunk, a 4-chunk cache and 401 slots: every rule holds
+    good = lab03.storage_facts({"chunks": (2560, 1), "rdcc_nbytes": 40960, "rdcc_nslots": 401}, (50_000, 1), "float32")
+    assert all(v is True for k, v in good.items() if k not in ("keys (of chunks, rdcc_nbytes, rdcc_nslots)", "axes of chunks"))
+    assert not lab03.storage_facts({"chunks": (2560, 1), "rdcc_nbytes": 40960, "rdcc_nslots": 400},
+                                   (50_000, 1), "float32")["rdcc_nslots a prime, 100x to 200x the chunks the cache holds"]
 
 
 def test_shuffled_reads_give_the_same_checksum_on_any_layout_and_catch_a_skipped_read(files) -> None:
