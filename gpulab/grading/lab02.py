@@ -21,6 +21,7 @@ only in the reference kernel (``grading.by_reference``).
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import time
@@ -38,18 +39,21 @@ from gpulab.data.echo import BatchEcho
 from gpulab.data.pipelines import PipelineSetup, tuned_pipeline
 from gpulab.data.synthetic import SyntheticImages
 from gpulab.data.transfer import normalize_on_host, record_moves, to_device_normalize
+from gpulab.data.worker_sweep import pick_workers, sweep_workers
 from gpulab.data.workers import make_loader
 from gpulab.devices.batches import tree_tensors
 
-__all__ = ["REFERENCES", "outcome", "observe_echo", "echo_cases", "observe_echo_loader", "bad_factors", "observe_cache",
+__all__ = ["REFERENCES", "outcome", "WorkerCensus", "observe_sweep", "pick_cases", "loader_epoch", "observe_echo", "echo_cases", "observe_echo_loader", "bad_factors", "observe_cache",
            "reference_cache", "normalize_cases", "observe_normalize", "canonical_digests", "PipelineRecorder",
            "run_epoch", "device_only", "probe_pipeline", "timed_setup", "PAD"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
 # (gpulab.course.mask): the normalisation (on the device, and the naive host version it must match),
-# the cache, the echo, and the tuned pipeline that assembles them. The baseline pipeline and the
-# instruments (TransferLog, record_moves, profile_loop) stay: the demos and these graders use them.
-REFERENCES: tuple = (to_device_normalize, normalize_on_host, InMemoryCache, BatchEcho, tuned_pipeline)
+# the cache, the echo, the tuned pipeline that assembles them, and the worker sweep and choice. The
+# baseline pipeline and the instruments (sweep_loader, tune_loader, TransferLog, record_moves,
+# profile_loop) stay: the demos and these graders use them.
+REFERENCES: tuple = (to_device_normalize, normalize_on_host, InMemoryCache, BatchEcho, tuned_pipeline, sweep_workers,
+                     pick_workers)
 
 PAD = 4  # SyntheticImages' crop padding: an augmented image is its decoded image shifted by at most 4 pixels
 
@@ -65,6 +69,89 @@ def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return "raises TypeError"
     except Exception as err:  # noqa: BLE001 - the student's code raised: that is the answer sent
         return f"raises {type(err).__name__}"
+
+
+# --- the num_workers sweep ----------------------------------------------------------------------
+
+class WorkerCensus(torch.utils.data.Dataset):
+    """``n`` samples ``(4 numbers, label)`` that note, in shared memory, which process read each one:
+    for each DataLoader worker id (the main process in the last row), the reads and up to 8 distinct
+    pids, so that a worker id served by a new process every epoch shows as several pids."""
+
+    MAX_WORKERS = 16
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.table = torch.zeros(self.MAX_WORKERS + 1, 9, dtype=torch.int64).share_memory_()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        info = torch.utils.data.get_worker_info()
+        row = self.table[min(info.id, self.MAX_WORKERS - 1) if info is not None else self.MAX_WORKERS]
+        row[0] += 1
+        pid = os.getpid()
+        for j in range(1, 9):  # one process per worker id at a time: no race on its row
+            if int(row[j]) in (0, pid):
+                row[j] = pid
+                break
+        return torch.full((4,), float(i)), i
+
+    def facts(self, needed: int) -> dict[str, Any]:
+        pids = {int(p) for p in self.table[:-1, 1:].flatten() if p}
+        return {"worker processes that read": len(pids), "read in the main process": bool(self.table[-1, 0] > 0),
+                f"read at least {needed} samples": int(self.table[:, 0].sum()) >= needed}
+
+
+def observe_sweep(sweep: Callable[..., Any], counts: Iterable[int], batch_size: int = 4, num_batches: int = 3,
+                  epochs: int = 2) -> dict[str, Any]:
+    """``sweep(census, [k], batch_size=, num_batches=, epochs=)`` for each ``k`` of ``counts``, on a fresh
+    :class:`WorkerCensus` each time: what it returned (its keys, whether the rate is a positive
+    number) and who read the samples (``k`` worker processes for the whole run, so persistent; the
+    main process only without workers; at least ``epochs x num_batches x batch_size`` samples)."""
+    out: dict[str, Any] = {}
+    for k in counts:
+        census = WorkerCensus(2 * batch_size * num_batches)
+        got = outcome(sweep, census, [k], batch_size=batch_size, num_batches=num_batches, epochs=epochs)
+        rate = got.get(k) if isinstance(got, dict) else None
+        out[f"num_workers={k}"] = {
+            "returned": sorted(got) if isinstance(got, dict) else got if isinstance(got, str) else f"a {type(got).__name__}",
+            "rate a positive number": isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 < rate < float("inf"),
+            **census.facts(epochs * num_batches * batch_size)}
+    return out
+
+
+def pick_cases(rng: random.Random, n: int = 12) -> list[tuple[dict[int, float], float]]:
+    """``n`` random ``(rates, slack)`` arguments of ``pick_workers`` (1 to 7 counts in a shuffled key
+    order, and a smaller count within the slack of the best in about half of them), then two fixed ones."""
+    cases = []
+    for _ in range(n):
+        counts = rng.sample(range(0, 17), rng.randint(1, 7))
+        rates = {k: round(rng.uniform(100.0, 2000.0), 1) for k in counts}
+        slack = rng.choice([0.0, 0.05, 0.1, 0.25])
+        best = max(rates, key=rates.get)
+        smaller = [k for k in counts if k < best]
+        if smaller and rng.random() < 0.5:  # a cheaper count just inside the slack
+            rates[rng.choice(smaller)] = round(rates[best] * (1 - slack * rng.uniform(0.1, 0.9)), 1)
+        cases.append((rates, slack))
+    # whatever the seed drew: the fastest is not the choice, nor is the first key within the slack
+    return cases + [({4: 1000.0, 2: 980.0, 0: 500.0}, 0.05), ({3: 990.0, 1: 985.0, 5: 1000.0}, 0.05)]
+
+
+def loader_epoch(dataset: Any, num_workers: int, batch_size: int, num_batches: int) -> Callable[[int], int]:
+    """One unit of timed work: ``fn(seed)`` reads ``num_batches`` shuffled batches through a new
+    ``DataLoader`` with ``num_workers`` (their start-up included), and returns the samples read."""
+    def work(seed: int) -> int:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
+                                             generator=torch.Generator().manual_seed(seed))
+        samples = 0
+        for i, (inputs, _labels) in enumerate(loader):
+            samples += len(inputs)
+            if i + 1 == num_batches:
+                break
+        return samples
+    return work
 
 
 # --- BatchEcho ----------------------------------------------------------------------------------

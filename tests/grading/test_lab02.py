@@ -42,7 +42,9 @@ def test_the_references_are_the_exercises_answers() -> None:
     assert masked_names(lab02.REFERENCES) == ["gpulab.data.transfer.to_device_normalize",
                                               "gpulab.data.transfer.normalize_on_host",
                                               "gpulab.data.caching.InMemoryCache", "gpulab.data.echo.BatchEcho",
-                                              "gpulab.data.pipelines.tuned_pipeline"]
+                                              "gpulab.data.pipelines.tuned_pipeline",
+                                              "gpulab.data.worker_sweep.sweep_workers",
+                                              "gpulab.data.worker_sweep.pick_workers"]
 
 
 def test_outcome_sends_the_answer_or_the_error() -> None:
@@ -400,3 +402,68 @@ def test_timed_setup_draws_a_workload_and_sets_the_simulated_link() -> None:
     assert 8 <= setup.steps_per_epoch <= 12 and setup.num_samples == 16 * setup.steps_per_epoch
     assert setup.compute_s == 0.01 and 1 <= setup.decode_repeats <= 1024 and setup.batch_cpu_s > 0
     assert accel.h2d_bytes_per_s == pytest.approx(16 * 4 * 3 * 32 * 32 / (0.01 / 6))
+
+
+# --- the num_workers sweep ------------------------------------------------------------------------
+
+def _sweep_without_persistence(dataset, counts, *, batch_size, num_batches, epochs=2):
+    out = {}
+    for k in counts:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=k)  # new workers every epoch
+        seen = 0
+        for _ in range(epochs):
+            for i, (x, _) in enumerate(loader):
+                seen += len(x)
+                if i + 1 == num_batches:
+                    break
+        out[k] = float(seen)
+    return out
+
+
+def test_the_reference_sweep_is_observed_reading_through_persistent_workers() -> None:
+    from gpulab.data.worker_sweep import sweep_workers
+
+    got = lab02.observe_sweep(sweep_workers, [0, 1, 3])
+    assert [v["worker processes that read"] for v in got.values()] == [0, 1, 3]
+    assert [v["read in the main process"] for v in got.values()] == [True, False, False]
+    assert all(v["returned"] == [k] and v["rate a positive number"] and v["read at least 24 samples"]
+               for k, v in zip([0, 1, 3], got.values()))
+
+
+def test_a_sweep_that_restarts_its_workers_or_reads_nothing_is_observed_doing_so() -> None:
+    from gpulab.data.worker_sweep import sweep_workers
+
+    want = lab02.observe_sweep(sweep_workers, [0, 2])
+    restarts = lab02.observe_sweep(_sweep_without_persistence, [0, 2])
+    assert restarts["num_workers=2"]["worker processes that read"] == 4 and not same(restarts, want)
+    forged = lab02.observe_sweep(lambda ds, counts, **kw: {k: 1000.0 for k in counts}, [0, 2])
+    assert not forged["num_workers=0"]["read at least 24 samples"] and not same(forged, want)
+    assert lab02.observe_sweep(lambda ds, counts, **kw: [1.0], [0])["num_workers=0"]["returned"] == "a list"
+    raises = lab02.observe_sweep(lambda ds, counts, **kw: 1 / 0, [0])
+    assert raises["num_workers=0"]["returned"] == "raises ZeroDivisionError"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pick_cases_tell_the_fewest_workers_from_the_fastest_and_from_the_first(seed) -> None:
+    from gpulab.data.worker_sweep import pick_workers
+
+    cases = lab02.pick_cases(random.Random(seed))
+    want = [pick_workers(r, s) for r, s in cases]
+    assert want == [min(k for k in r if r[k] >= (1 - s) * max(r.values())) for r, s in cases]
+    fastest = [max(r, key=r.get) for r, _ in cases]
+    first = [next(k for k in r if r[k] >= (1 - s) * max(r.values())) for r, s in cases]
+    assert fastest != want and first != want
+
+
+def test_pick_workers_refuses_what_it_cannot_choose_from() -> None:
+    from gpulab.data.worker_sweep import pick_workers
+
+    for rates, slack in (({}, 0.05), ({0: 1.0}, 1.0), ({0: 1.0}, -0.1)):
+        assert lab02.outcome(pick_workers, rates, slack=slack) == "raises ValueError"
+
+
+def test_a_timed_loader_epoch_reads_its_batches_whatever_the_workers() -> None:
+    data = lab02.WorkerCensus(40)
+    assert lab02.loader_epoch(data, 0, 4, 3)(1) == 12 == lab02.loader_epoch(data, 2, 4, 3)(1)
+    assert lab02.loader_epoch(data, 0, 8, 10)(1) == 40  # a short dataset ends the epoch first
+
