@@ -50,6 +50,19 @@ def make_dataset(num_samples: int, num_features: int = 32, num_classes: int = 10
     return TensorDataset(inputs, targets)
 
 
+def choose_device(local_rank: int, local_world_size: int, gpus: int) -> tuple[str, torch.device]:
+    """This rank's backend and device, by a rule every rank computes alike from what its node has.
+
+    NCCL needs one GPU per process (it refuses two ranks on one GPU) and gloo runs anywhere, so NCCL
+    with ``cuda:<local rank>`` only when this node has a GPU for each of its ranks; gloo on the CPU
+    otherwise. Deciding per rank ("is there a GPU for *me*?") would give 2 ranks on 1 GPU one nccl
+    rank and one gloo rank, and a job whose ranks disagree hangs at its first collective.
+    """
+    if gpus >= local_world_size:
+        return "nccl", torch.device("cuda", local_rank)
+    return "gloo", torch.device("cpu")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
@@ -63,12 +76,12 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > local_rank
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend, device = choose_device(local_rank, int(os.environ["LOCAL_WORLD_SIZE"]), gpus)
+    use_cuda = device.type == "cuda"
     if use_cuda:
-        torch.cuda.set_device(local_rank)  # before init: NCCL binds this process to this GPU
-    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    # NCCL needs one GPU per process; gloo runs on CPUs (and on GPUs shared by several ranks).
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+        torch.cuda.set_device(device)  # before init: NCCL binds this process to this GPU
+    dist.init_process_group(backend, device_id=device if use_cuda else None)
 
     dataset = make_dataset(args.samples)
     train_set = torch.utils.data.Subset(dataset, range(args.samples * 7 // 8))
