@@ -36,3 +36,20 @@ def physical_devices() -> list[torch.device]:
 def default_device() -> torch.device:
     """The first GPU if there is one, else the CPU."""
     return physical_devices()[0]
+
+
+def synchronize_all() -> None:
+    """Wait for the work queued on every GPU this process uses, before a clock is read.
+
+    CUDA kernels run asynchronously: a timer stopped when the Python call returns measures their
+    launch, not their work. This waits for the current device and every device whose caching
+    allocator holds memory (so it never creates a context on a GPU the process has not touched).
+    Nothing happens on a CPU build or before CUDA is initialised: no work can be queued then.
+    """
+    # torch.cuda._is_compiled (private): the build test that touches no driver
+    if not (torch.cuda._is_compiled() and torch.cuda.is_initialized()):
+        return
+    current = torch.cuda.current_device()
+    for index in range(torch.cuda.device_count()):
+        if index == current or torch.cuda.memory_reserved(index) > 0:
+            torch.cuda.synchronize(index)

@@ -206,4 +206,7 @@ def run_timed(ident: int, role: str, seed_: int) -> None:
     """What the grader's timed request runs: one workload on a seed it reveals only now; the
     result goes back as evidence, to be compared with the reference run's."""
     result = _TIMED[ident][role](seed_)
+    from gpulab.devices.physical import synchronize_all
+
+    synchronize_all()  # the grader's clock stops at the reply: queued GPU work must be done by then
     emit({"kind": "result", "value": encode(result)})

@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from gpulab.devices.physical import synchronize_all
 from gpulab.models import MLP
 from gpulab.parallel import BucketedDDP, NaiveDDP, allreduce_gradients, bucket_assignment, launch, rank_device
 from gpulab.parallel.ddp.accumulation import accumulation_step, count_collectives
@@ -239,9 +240,11 @@ def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_s
     for step in range(warmup + num_steps):
         for run in runs:  # interleaved, so machine load hits every variant alike
             torch.distributed.barrier()
+            synchronize_all()
             t0 = time.perf_counter()
             with count_collectives() as calls:
                 run["fn"](run["model"], run["opt"], micro, nn.functional.cross_entropy)
+            synchronize_all()  # on a GPU the step's kernels, not only their launch
             if step >= warmup:  # the first steps set up gloo's buffers: neither timed nor counted
                 run["times"].append(time.perf_counter() - t0)
                 run["calls"] += calls["all_reduce"]

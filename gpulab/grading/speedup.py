@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from gpulab.devices.physical import synchronize_all
 from gpulab.grading import evidence, judge
 from gpulab.grading.checks import GradingError
 
@@ -74,8 +75,10 @@ class TimedByGrader:
 
 
 def _time(work: Work, seed: int) -> tuple[float, float]:
+    synchronize_all()
     c0, t0 = time.process_time(), time.perf_counter()
     work(seed)
+    synchronize_all()  # queued GPU work counts
     return time.perf_counter() - t0, time.process_time() - c0
 
 

@@ -15,6 +15,8 @@ from typing import Any, Callable, Mapping
 
 from tqdm.auto import tqdm
 
+from gpulab.devices.physical import synchronize_all
+
 __all__ = ["Timings", "time_interleaved", "SpeedComparison", "compare_speed"]
 
 
@@ -75,8 +77,10 @@ def time_interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int = 5
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotate who goes first
             if before_each is not None:
                 before_each()
+            synchronize_all()  # the previous variant's queued GPU work is not this one's
             c0, t0 = time.process_time(), time.perf_counter()
             variants[name]()
+            synchronize_all()  # the work, not only its launch
             t1, c1 = time.perf_counter(), time.process_time()
             out.wall[name].append(t1 - t0)
             out.cpu[name].append(c1 - c0)

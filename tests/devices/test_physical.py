@@ -8,6 +8,8 @@ build" test, and ``torch.cuda.device_count``), so the expected answers are known
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -84,3 +86,28 @@ def test_reexported_from_devices() -> None:
 @pytest.mark.gpu
 def test_gpu_is_the_default_device() -> None:
     assert default_device() == torch.device("cuda", 0)
+
+
+def test_synchronize_all_waits_for_the_devices_in_use_and_creates_no_context(monkeypatch) -> None:
+    from fake_queue import FakeQueue
+
+    from gpulab.devices.physical import synchronize_all
+
+    queue = FakeQueue(monkeypatch, num_gpus=3, used=(2,))
+    queue.launch(0.05, device=2)
+    t0 = time.perf_counter()
+    synchronize_all()
+    assert time.perf_counter() - t0 >= 0.05
+    assert queue.syncs == [0, 2]  # the current device and the one holding memory, never GPU 1
+
+
+def test_synchronize_all_does_nothing_before_cuda_starts(monkeypatch) -> None:
+    from gpulab.devices.physical import synchronize_all
+
+    called = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: called.append(a))
+    synchronize_all()  # this CPU build: not compiled, not initialised
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    synchronize_all()
+    assert called == []

@@ -108,3 +108,27 @@ def test_time_interleaved_calls_before_each_untimed_before_every_call(monkeypatc
     timings = time_interleaved({n: (lambda n=n: variant(n)) for n in "ab"}, repeats=2, warmup=1, before_each=barrier)
     assert calls == ["|", "a", "|", "b", "|", "a", "|", "b", "|", "b", "|", "a"]
     assert timings.wall == {"a": [1.0, 1.0], "b": [1.0, 1.0]}, "the barrier's time is not the variant's"
+
+
+def test_time_interleaved_times_queued_gpu_work_not_its_launch(monkeypatch) -> None:
+    """A variant that only launches 30 ms of kernels used to time at about 0 s."""
+    from fake_queue import FakeQueue
+
+    queue = FakeQueue(monkeypatch)
+    timings = time_interleaved({"gpu": lambda: queue.launch(0.03), "idle": lambda: None}, repeats=2, warmup=0)
+    assert min(timings.wall["gpu"]) >= 0.03 and max(timings.wall["idle"]) < 0.03
+    assert len(queue.syncs) == 2 * 2 * 2 * 2  # before and after each of 4 calls, on both devices in use
+
+
+def test_a_speedup_timed_here_or_by_the_grader_waits_for_queued_gpu_work(monkeypatch) -> None:
+    from fake_queue import FakeQueue
+
+    from gpulab.grading import evidence, speedup
+
+    queue = FakeQueue(monkeypatch)
+    wall, _ = speedup._time(lambda seed: queue.launch(0.03), 0)
+    assert wall >= 0.03
+    ident = evidence.register_timed({"candidate": lambda seed: queue.launch(0.03, device=1)})
+    monkeypatch.setattr(evidence, "emit", lambda record: None)
+    evidence.run_timed(ident, "candidate", 1)
+    assert queue.pending[1] == 0.0  # done before the reply that stops the grader's clock
