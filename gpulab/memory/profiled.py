@@ -151,9 +151,12 @@ class MemoryProfile:
         events = [e for e in self._events if e.name == self.label]
         return sorted(events, key=lambda e: e.time_range.start)
 
-    def net_per_step(self, device: str = "cpu") -> list[int]:
-        """Bytes allocated minus bytes freed inside each step, on ``"cpu"`` or ``"cuda"``."""
+    def net_per_step(self, device: str | None = None) -> list[int]:
+        """Bytes allocated minus bytes freed inside each step, on ``"cpu"`` or ``"cuda"`` (default: the
+        GPU when the profile recorded one, as :meth:`table` sorts, else the CPU)."""
         self._done("net_per_step")
+        if device is None:
+            device = "cuda" if self.cuda else "cpu"
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device is 'cpu' or 'cuda', got {device!r}")
         if device == "cuda" and not self.cuda:

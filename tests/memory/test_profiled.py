@@ -103,6 +103,20 @@ def test_cuda_net_per_step() -> None:
         for _ in prof.watch(range(4)):
             kept.append(torch.empty(2**18, device="cuda"))  # 1 MiB kept per step
     assert prof.cuda and prof.net_per_step("cuda") == [2**20] * 4
+    assert prof.net_per_step() == [2**20] * 4  # on a GPU, the default is the GPU
+
+
+def test_net_per_step_reads_the_gpu_by_default_when_the_profile_recorded_one() -> None:
+    """Lab 08's leak showed about 0 B per step on a GPU: the default read the CPU's column."""
+    import types
+
+    with MemoryProfile(with_stack=False) as prof:
+        for _ in prof.watch(range(2)):
+            pass
+    step = types.SimpleNamespace(name=prof.label, time_range=types.SimpleNamespace(start=0), cpu_memory_usage=0,
+                                 device_memory_usage=2**20)
+    prof._events, prof.cuda = [step], True  # what a profile on a GPU records for a step that keeps 1 MiB there
+    assert prof.net_per_step() == [2**20] and prof.net_per_step("cpu") == [0]
 
 
 def test_no_module_is_imported_while_the_python_tracer_runs() -> None:
