@@ -13,6 +13,7 @@ must match (``(x / 255 - mean) / std`` per channel).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import torch
@@ -71,9 +72,18 @@ def to_device_normalize(
     m, s = _check_mean_std(mean, std, channels)
     device = getattr(device, "torch_device", device)
     x = batch_uint8.to(device, non_blocking=True)  # 1 byte per value crosses the link
-    scale = (1.0 / (255.0 * s)).to(device=x.device, dtype=dtype)[:, None, None]  # (C, 1, 1)
-    shift = (m / s).to(device=x.device, dtype=dtype)[:, None, None]
+    scale, shift = _affine_on(x.device, dtype, tuple((1.0 / (255.0 * s)).tolist()), tuple((m / s).tolist()))
     return x.to(dtype).mul_(scale).sub_(shift)
+
+
+@functools.lru_cache(maxsize=32)
+def _affine_on(device: torch.device, dtype: torch.dtype, scale: tuple[float, ...],
+               shift: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(C, 1, 1)`` scale and shift on ``device``, made once: copying them from pageable host
+    memory on every batch would be two blocking host-to-device copies per step, the very sync lab 01
+    teaches students to remove."""
+    return (torch.tensor(scale, device=device, dtype=dtype)[:, None, None],
+            torch.tensor(shift, device=device, dtype=dtype)[:, None, None])
 
 
 class _MoveRecorder(TorchFunctionMode):

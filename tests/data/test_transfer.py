@@ -62,3 +62,33 @@ def test_record_moves_sees_what_crosses_the_link() -> None:
     _, naive = record_moves(lambda: normalize_on_host(x, MEAN, STD).to("cpu", non_blocking=True))
     assert naive == [(torch.float32, None, x.numel())]
     assert record_moves(lambda: x.to(torch.float32))[1] == []  # a dtype change alone moves nothing
+
+
+def test_only_the_uint8_batch_crosses_on_every_batch_after_the_first() -> None:
+    """The scale and shift were copied from pageable host memory on every call: two blocking
+    host-to-device copies per batch (issue 37, bug 8). Counted on the meta device, a stand-in GPU."""
+    from torch.overrides import TorchFunctionMode
+
+    from gpulab.data.transfer import record_moves, to_device_normalize
+
+    class Creations(TorchFunctionMode):  # tensors made directly on a device: a host-to-device copy too
+        def __init__(self):
+            super().__init__()
+            self.made = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in (torch.tensor, torch.as_tensor) and str(kwargs.get("device", "cpu")) != "cpu":
+                self.made += 1
+            return func(*args, **kwargs)
+
+    batch = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    mean, std = (0.41, 0.5, 0.52), (0.2, 0.21, 0.23)
+    to_device_normalize(batch, mean, std, "meta")  # the first batch may make them
+    with Creations() as made:
+        out, moves = record_moves(to_device_normalize, batch, mean, std, "meta")
+    assert out.device.type == "meta" and out.dtype == torch.float32
+    assert moves == [(torch.uint8, None, batch.numel())] and made.made == 0
+    cpu = to_device_normalize(batch, mean, std, "cpu")
+    want = (batch.float() / 255 - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    torch.testing.assert_close(cpu, want)
