@@ -17,10 +17,11 @@ Example::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NvmlOpen", "open_nvml", "close_nvml"]
+__all__ = ["NvmlOpen", "open_nvml", "close_nvml", "visible_gpus"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,54 @@ def close_nvml(nvml: Any) -> None:
         nvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - shutting down must not raise
         pass
+
+
+def _uuid(nvml: Any, index: int) -> str:
+    try:
+        u = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
+        return u.decode() if isinstance(u, bytes) else str(u)
+    except Exception:  # noqa: BLE001 - a GPU without a readable UUID matches no UUID entry
+        return ""
+
+
+def visible_gpus(nvml: Any, visible: str | None = None) -> list[tuple[int, int | None]]:
+    """The GPUs a CUDA process sees, in CUDA's numbering: ``[(cuda index, NVML index), ...]``.
+
+    NVML numbers every GPU of the machine; CUDA numbers only those ``CUDA_VISIBLE_DEVICES`` lists,
+    in its order, so with ``"2,0"`` ``cuda:0`` is NVML's GPU 2 (JupyterHub, SLURM and shared servers
+    set it). Entries are indices or UUIDs (``GPU-8f2e...``; a unique prefix is enough). As in CUDA
+    (and torch's own parser), the list ends at the first entry that names no GPU, and a repeated
+    GPU hides them all. A MIG instance (``MIG-...``) has no whole-GPU reading: its NVML index is
+    None. Unset, every GPU is visible in NVML's order (CUDA's too with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which servers usually set).
+
+    Args:
+        nvml: a started ``pynvml`` (:func:`open_nvml`).
+        visible: the variable's value; default: this process's environment.
+    """
+    count = int(nvml.nvmlDeviceGetCount())
+    if visible is None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [(i, i) for i in range(count)]
+    found: list[int | None] = []
+    uuids: list[str] | None = None
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if entry.startswith("MIG-"):
+            found.append(None)
+            continue
+        if entry.lstrip("+-").isdigit():
+            index: int | None = int(entry) if 0 <= int(entry) < count else None
+        elif entry.startswith("GPU-"):
+            uuids = uuids if uuids is not None else [_uuid(nvml, i) for i in range(count)]
+            matches = [i for i, u in enumerate(uuids) if u.startswith(entry)]
+            index = matches[0] if len(matches) == 1 else None
+        else:
+            index = None
+        if index is None:
+            break  # CUDA stops at the first entry that names no GPU
+        if index in found:
+            return []
+        found.append(index)
+    return list(enumerate(found))

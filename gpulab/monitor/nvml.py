@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpulab.devices.nvml import close_nvml, open_nvml
+from gpulab.devices.nvml import close_nvml, open_nvml, visible_gpus
 
 __all__ = ["GpuSample", "GpuLimits", "NvmlReader"]
 
@@ -71,14 +71,30 @@ def _read(nv: Any, name: str, *args: Any) -> Any:
         return None
 
 
+def _temperature(nv: Any, h: Any) -> float | None:
+    """The GPU's temperature in °C: ``nvmlDeviceGetTemperatureV`` (drivers R565 and later; the
+    older ``nvmlDeviceGetTemperature`` is deprecated), else the older call."""
+    getter = getattr(nv, "nvmlDeviceGetTemperatureV", None)
+    if getter is not None:
+        value = _read(nv, "nvmlDeviceGetTemperatureV", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+        if value is not None:
+            return float(getattr(value, "temperature", value))
+    value = _read(nv, "nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
+    return None if value is None else float(value)
+
+
 class NvmlReader:
-    """Opens NVML once; ``sample()`` reads every GPU; ``close()`` shuts NVML down."""
+    """Opens NVML once; ``sample()`` reads every GPU this process's CUDA sees, each under its cuda
+    index (NVML's own numbering differs under ``CUDA_VISIBLE_DEVICES``, see
+    :func:`gpulab.devices.nvml.visible_gpus`); ``close()`` shuts NVML down."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.limits: list[GpuLimits] = []
         self.error: str | None = None
         self._handles: list = []
+        self._cuda: list[int] = []  # the cuda index of each handle
+        self.skipped: list[str] = []
         self._nvml = None
         opened = open_nvml()
         if opened.nvml is None:
@@ -86,13 +102,19 @@ class NvmlReader:
             return
         pynvml = opened.nvml
         self._nvml = pynvml
+        self.nvml_indices: list[int] = []  # NVML's number of each GPU read, whose cuda index is its position
         try:
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for cuda, index in visible_gpus(pynvml):
+                if index is None:  # a MIG instance: no whole-GPU utilisation to read
+                    self.skipped.append(f"cuda:{cuda} is a MIG instance (no NVML utilisation per instance)")
+                    continue
+                h = pynvml.nvmlDeviceGetHandleByIndex(index)
                 name = pynvml.nvmlDeviceGetName(h)
                 self._handles.append(h)
+                self._cuda.append(cuda)
+                self.nvml_indices.append(index)
                 self.names.append(name.decode() if isinstance(name, bytes) else str(name))
-                self.limits.append(self._limits(i, h))
+                self.limits.append(self._limits(cuda, h))
         except Exception as err:  # noqa: BLE001
             self.error = f"NVML started but listing GPUs failed ({err})"
 
@@ -121,15 +143,16 @@ class NvmlReader:
         if self.error:
             return f"no GPU readings: {self.error}; sampling CPU only"
         if not self._handles:
-            return "NVML found no GPU; sampling CPU only"
-        return f"NVML: {len(self._handles)} GPU(s): " + ", ".join(f"{i} {n}" for i, n in enumerate(self.names))
+            return "NVML found no GPU visible to CUDA here; sampling CPU only" + "".join(f"; {s}" for s in self.skipped)
+        return f"NVML: {len(self._handles)} GPU(s): " + ", ".join(
+            f"cuda:{c} = NVML GPU {i} {n}" for c, i, n in zip(self._cuda, self.nvml_indices, self.names))
 
     def sample(self) -> tuple[GpuSample, ...]:
         if not self.ok:
             return ()
         nv = self._nvml
         out = []
-        for i, h in enumerate(self._handles):
+        for i, h in zip(self._cuda, self._handles):  # i: the GPU's cuda index, as torch names it
             util = mem_util = used = total = temp = power = None
             try:
                 rates = nv.nvmlDeviceGetUtilizationRates(h)
@@ -141,10 +164,7 @@ class NvmlReader:
                 used, total = int(mem.used), int(mem.total)
             except Exception:  # noqa: BLE001
                 pass
-            try:
-                temp = float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
-            except Exception:  # noqa: BLE001
-                pass
+            temp = _temperature(nv, h)
             try:
                 power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0  # milliwatts
             except Exception:  # noqa: BLE001

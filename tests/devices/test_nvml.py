@@ -67,3 +67,39 @@ def test_close_never_raises() -> None:
         raise RuntimeError("uninitialised")
 
     close_nvml(types.SimpleNamespace(nvmlShutdown=broken))  # a finally: block must not raise
+
+
+def _four_gpus() -> types.SimpleNamespace:
+    """A started fake NVML with four GPUs, each busy at 10 x its NVML index percent."""
+    uuids = ["GPU-aaaa1111", "GPU-bbbb2222", "GPU-cccc3333", "GPU-bbbb4444"]
+    return types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 4,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=lambda h: uuids[h],
+        nvmlDeviceGetName=lambda h: f"GPU{h}", NVML_TEMPERATURE_GPU=0,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=10.0 * h, memory=0.0),
+        nvmlDeviceGetTemperatureV=lambda h, sensor: 40 + h)
+
+
+def test_visible_gpus_number_them_as_cuda_does() -> None:
+    from gpulab.devices.nvml import visible_gpus
+
+    nv = _four_gpus()
+    cases = {None: [(0, 0), (1, 1), (2, 2), (3, 3)], "2,0": [(0, 2), (1, 0)], "GPU-cccc": [(0, 2)],
+             "1,7,2": [(0, 1)],            # CUDA stops at the first entry that names no GPU
+             "GPU-bbbb": [],               # a prefix of two UUIDs names none
+             "1,1": [],                    # a repeated GPU hides them all (torch's parser agrees)
+             "": [], "MIG-9f00aa/1/0,3": [(0, None), (1, 3)]}
+    for value, want in cases.items():
+        assert visible_gpus(nv, value) == want, value
+
+
+def test_the_monitor_reads_the_gpu_cuda_calls_cuda0(monkeypatch) -> None:
+    """With CUDA_VISIBLE_DEVICES=2, cuda:0 is NVML's GPU 2: the monitor read GPU 0's figures instead."""
+    monkeypatch.setitem(sys.modules, "pynvml", _four_gpus())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    reader = NvmlReader()
+    (sample,) = reader.sample()
+    assert (sample.index, sample.util, sample.temp) == (0, 20.0, 42.0)
+    assert reader.describe() == "NVML: 1 GPU(s): cuda:0 = NVML GPU 2 GPU2"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert NvmlReader().sample() == () and "no GPU visible to CUDA" in NvmlReader().describe()
