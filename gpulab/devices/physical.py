@@ -7,6 +7,10 @@ initialises CUDA, so ranks can still be forked after it was called.
 
 from __future__ import annotations
 
+import functools
+import os
+from typing import Any
+
 import torch
 
 __all__ = ["cuda_device_count", "physical_devices", "default_device"]
@@ -22,9 +26,64 @@ def cuda_device_count() -> int:
     try:
         # torch.cuda._is_compiled is private API: it is the cheap "is this a CUDA build" test that
         # torch.cuda.is_available itself uses, and it touches no driver.
-        return torch.cuda.device_count() if torch.cuda._is_compiled() else 0
+        if not torch.cuda._is_compiled():
+            return 0
+        n = torch.cuda.device_count()
+        if n == 0 or torch.cuda.is_initialized():  # CUDA already runs here: its own count is the truth
+            return n
+        return max(0, n - _unusable_by_nvml(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.version.cuda))
     except Exception:  # noqa: BLE001 - a broken driver must not break discovery
         return 0
+
+
+@functools.lru_cache(maxsize=8)
+def _unusable_by_nvml(visible: str | None, build: str | None) -> int:
+    """How many of the GPUs torch counts (through NVML, before CUDA starts) CUDA could not use.
+
+    ``torch.cuda.device_count()`` is NVML's count: it says 1 where CUDA would say 0, and every lab
+    then picks ``cuda`` and crashes. Two such cases are told from NVML alone (no CUDA context, so
+    still fork-safe): a driver of an older CUDA major version than this build (all GPUs: minor-version
+    compatibility does not cross a major version), and a whole GPU in MIG mode with no instance made
+    (CUDA runs on MIG instances only). 0 where NVML cannot say.
+    """
+    from gpulab.devices.nvml import close_nvml, open_nvml, visible_gpus
+
+    opened = open_nvml()
+    nv = opened.nvml
+    if nv is None:
+        return 0
+    try:
+        gpus = visible_gpus(nv, visible)
+        driver = int(nv.nvmlSystemGetCudaDriverVersion())  # e.g. 12040 for CUDA 12.4
+        if build and driver and driver // 1000 < int(build.split(".")[0]):
+            return len(gpus)
+        empty = 0
+        for _, index in gpus:
+            if index is None:  # a MIG instance named in CUDA_VISIBLE_DEVICES: usable
+                continue
+            h = nv.nvmlDeviceGetHandleByIndex(index)
+            try:
+                current, _pending = nv.nvmlDeviceGetMigMode(h)
+            except Exception:  # noqa: BLE001 - not a MIG-capable GPU
+                continue
+            if current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1) and not _mig_instances(nv, h):
+                empty += 1
+        return empty
+    except Exception:  # noqa: BLE001 - NVML could not say: trust torch's count
+        return 0
+    finally:
+        close_nvml(nv)
+
+
+def _mig_instances(nv: Any, h: Any) -> int:
+    count = 0
+    for j in range(int(nv.nvmlDeviceGetMaxMigDeviceCount(h))):
+        try:
+            nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            count += 1
+        except Exception:  # noqa: BLE001 - no instance in that slot
+            continue
+    return count
 
 
 def physical_devices() -> list[torch.device]:

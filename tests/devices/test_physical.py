@@ -111,3 +111,47 @@ def test_synchronize_all_does_nothing_before_cuda_starts(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     synchronize_all()
     assert called == []
+
+
+def _nvml(monkeypatch, *, driver: int, mig: tuple[tuple[int, int], ...] = ((0, 0), (0, 0))) -> None:
+    """A fake NVML: the driver's CUDA version, and per GPU (MIG mode, MIG instances)."""
+    import sys
+    import types
+
+    from gpulab.devices import physical
+
+    def instance(h, j):
+        if j >= mig[h][1]:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return (h, j)
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: len(mig),
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlSystemGetCudaDriverVersion=lambda: driver,
+        nvmlDeviceGetMigMode=lambda h: (mig[h][0], mig[h][0]), NVML_DEVICE_MIG_ENABLE=1,
+        nvmlDeviceGetMaxMigDeviceCount=lambda h: 7, nvmlDeviceGetMigDeviceHandleByIndex=instance)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    physical._unusable_by_nvml.cache_clear()  # the test clears it again when done
+
+
+@pytest.mark.parametrize(("driver", "mig", "usable"), [
+    (12040, ((0, 0), (0, 0)), 2),   # a 12.4 driver runs a 12.8 build (minor-version compatibility)
+    (11080, ((0, 0), (0, 0)), 0),   # an 11.8 driver cannot: the doctor's driver-too-old, and no GPU to pick
+    (12040, ((1, 0), (0, 0)), 1),   # GPU 0 in MIG mode with no instance made
+    (12040, ((1, 2), (1, 0)), 1),   # GPU 0 has two instances; GPU 1 none
+])
+def test_the_count_leaves_out_gpus_cuda_cannot_use(monkeypatch, driver, mig, usable) -> None:
+    """torch.cuda.device_count() is NVML's count: 2 where CUDA could use fewer, and every lab crashed
+    on cuda instead of falling back to the CPU."""
+    from gpulab.devices import physical
+
+    _fake_cuda(monkeypatch, compiled=True, count=len(mig))
+    _nvml(monkeypatch, driver=driver, mig=mig)
+    try:
+        assert cuda_device_count() == usable
+        assert (default_device() == CPU) == (usable == 0)
+    finally:
+        physical._unusable_by_nvml.cache_clear()
