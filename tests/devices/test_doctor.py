@@ -113,6 +113,15 @@ def test_lab_modes_follow_the_gpu_count() -> None:
     assert modes["04_dataparallel"]["mode"] == "logical" and "cuda:0" in modes["04_dataparallel"]["where"]
 
 
+def test_on_one_gpu_the_multi_process_labs_are_said_to_run_on_the_cpu() -> None:
+    """With one GPU, labs 06 and 09 run gloo ranks on CPU tensors and lab 07 logical CPU devices; the
+    doctor said they shared cuda:0."""
+    modes = {row["lab"]: row for row in doctor.lab_modes(Facts(cuda_available=True, torch_gpu_count=1))}
+    for lab in ("06_ddp", "07_model_parallel", "09_sharding"):
+        assert modes[lab]["mode"] == "logical" and "on the CPU" in modes[lab]["where"] and "cuda" not in modes[lab]["where"]
+    assert "cuda:0" in modes["01_bottleneck"]["where"] or modes["01_bottleneck"]["mode"] == "real"
+
+
 def test_probe_without_nvml_module(monkeypatch) -> None:
     real_import = builtins.__import__
 
@@ -243,7 +252,7 @@ def test_the_json_report_of_a_known_machine(server, capsys) -> None:
     assert rows["00_setup"] == {"lab": "00_setup", "needs_gpus": 0, "mode": "real", "where": "cpu"}
     assert rows["04_dataparallel"] == {"lab": "04_dataparallel", "needs_gpus": 4, "mode": "logical",
                                        "where": "4 logical devices sharing cpu (simulated)"}
-    assert rows["06_ddp"] == {"lab": "06_ddp", "needs_gpus": 2, "mode": "logical", "where": "2 gloo processes sharing cpu"}
+    assert rows["06_ddp"] == {"lab": "06_ddp", "needs_gpus": 2, "mode": "logical", "where": "2 gloo processes on the CPU (gloo ranks keep CPU tensors, even beside a GPU)"}
 
 
 def test_the_printed_report_of_a_known_machine(server, capsys) -> None:
@@ -309,4 +318,4 @@ def test_a_single_gpu_machine_runs_the_one_gpu_labs_for_real() -> None:
     rows = {row["lab"]: (row["mode"], row["where"]) for row in rep["labs"]}
     assert rows["00_setup"] == ("real", "cpu + cuda") and rows["01_bottleneck"] == ("real", "1 GPU(s)")
     assert rows["04_dataparallel"] == ("logical", "4 logical devices sharing cuda:0 (simulated)")
-    assert rows["07_model_parallel"] == ("logical", "2 logical devices sharing cuda:0, one thread each (simulated)")
+    assert rows["07_model_parallel"] == ("logical", "2 logical devices on the CPU, one thread each (simulated)")
