@@ -82,6 +82,8 @@ class TransferLog(Accelerator):
         bytes_by_dtype: ``Counter`` of bytes that crossed, by dtype name.
         compute_dtypes: ``Counter`` of the dtypes ``compute`` received as inputs (``"none"`` for none).
         kept_copies, kept_inputs: the kept tensors (see ``keep``).
+        already_on_device: tensors handed to ``copy`` that were on a device already: nothing of
+            theirs crosses, so they are neither counted nor read back.
     """
 
     def __init__(self, accel: Accelerator, keep: int = 0) -> None:
@@ -96,11 +98,16 @@ class TransferLog(Accelerator):
         self.kept_copies: list[torch.Tensor] = []
         self.kept_inputs: list[torch.Tensor] = []
         self._prints: list[np.ndarray] = []
+        self.already_on_device = 0
 
     # -- what the log adds --------------------------------------------------------------------
 
     def copy(self, batch: Any, non_blocking: bool = False) -> Any:
-        tensors = tree_tensors(batch)
+        # a tensor already on a device crosses nothing, and reading it back here (.cpu()) would add
+        # a device-to-host copy and a sync to every step being measured
+        found = tree_tensors(batch)
+        tensors = [t for t in found if t.device.type == "cpu"]
+        self.already_on_device += len(found) - len(tensors)
         self.copies += 1
         for t in tensors:
             nbytes = t.numel() * t.element_size()
@@ -116,7 +123,7 @@ class TransferLog(Accelerator):
     def compute(self, seconds: float, inputs: torch.Tensor | None = None) -> Any:
         is_tensor = isinstance(inputs, torch.Tensor)
         self.compute_dtypes[str(inputs.dtype).replace("torch.", "") if is_tensor else "none"] += 1
-        if is_tensor and len(self.kept_inputs) < self.keep:
+        if is_tensor and len(self.kept_inputs) < self.keep:  # only the first `keep`: a sync each
             self.kept_inputs.append(inputs.detach().cpu().clone())
         return self.inner.compute(seconds, inputs)
 

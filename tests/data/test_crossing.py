@@ -71,3 +71,14 @@ def test_the_log_around_a_gpu_records_the_host_side_of_the_copy() -> None:
     log.compute(0.001, on_device.float())
     log.synchronize()
     assert log.bytes_by_dtype["uint8"] == images.numel() and log.compute_dtypes == {"float32": 1}
+
+
+def test_a_batch_already_on_the_device_crosses_nothing_and_is_not_read_back() -> None:
+    """TransferLog read every copied batch back with .cpu(): on a GPU, a batch already on the device
+    paid a device-to-host copy and a sync per step (the meta device cannot be read back at all)."""
+    from gpulab.accel import HostAccelerator
+    from gpulab.data.crossing import TransferLog
+
+    log = TransferLog(HostAccelerator())
+    log.copy((torch.zeros(4, 3, device="meta"), torch.zeros(4, dtype=torch.int64)))
+    assert log.already_on_device == 1 and dict(log.bytes_by_dtype) == {"int64": 32} and log.samples == 4
