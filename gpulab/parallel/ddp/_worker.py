@@ -163,13 +163,16 @@ def rank_main(fn: Callable[..., Any], rank: int, args: tuple, cfg: RankConfig) -
     torch.set_num_threads(cfg.threads)
     failed = False
     try:
+        device = None
         if cfg.backend == "nccl":  # one GPU per rank, placed by lab 00's rule (as rank_device does)
             from gpulab.devices.machine import MachineSpec, place_ranks
 
-            torch.cuda.set_device(place_ranks(MachineSpec.this_machine(), cfg.world_size)[rank])
+            device = torch.device(place_ranks(MachineSpec.this_machine(), cfg.world_size)[rank])
+            torch.cuda.set_device(device)
         store = _rendezvous(rank, cfg)
+        # device_id binds the NCCL communicator to this rank's GPU now, not at its first collective
         dist.init_process_group(cfg.backend, store=store, rank=rank, world_size=cfg.world_size,
-                                timeout=timedelta(seconds=cfg.timeout_s))
+                                timeout=timedelta(seconds=cfg.timeout_s), device_id=device)
         value = fn(rank, cfg.world_size, *args)
         dist.barrier()  # rank 0 hosts the store: it must not exit while another rank still needs it
         dist.destroy_process_group()
