@@ -218,3 +218,42 @@ def test_the_lab_notebooks_import_no_private_name() -> None:
                       for nb, module, name in _notebook_imports()
                       if any(part.startswith("_") for part in module.split(".")) or (name or "").startswith("_")})
     assert private == [], "use a public name (REFERENCES, the package's __all__): " + "; ".join(private)
+
+
+def _gpu_marked(fn: ast.FunctionDef) -> bool:
+    return any(isinstance(d, ast.Attribute) and d.attr in ("gpu", "multigpu") for d in fn.decorator_list)
+
+
+def _local_functions_launched(tree: ast.AST) -> list[str]:
+    """GPU-marked tests that pass ``launch(...)`` a function defined inside them (or a lambda)."""
+    found = []
+    for outer in ast.walk(tree):
+        if not isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _gpu_marked(outer):
+            continue
+        local = {n.name for n in ast.walk(outer) if isinstance(n, (ast.FunctionDef, ast.Lambda)) and n is not outer
+                 and isinstance(n, ast.FunctionDef)}
+        for call in ast.walk(outer):
+            if (isinstance(call, ast.Call) and getattr(call.func, "id", getattr(call.func, "attr", None)) == "launch"
+                    and call.args and (isinstance(call.args[0], ast.Lambda)
+                                       or isinstance(call.args[0], ast.Name) and call.args[0].id in local)):
+                found.append(f"{outer.name}:{call.lineno}")
+    return found
+
+
+def test_the_local_function_check_sees_a_closure_and_a_lambda() -> None:
+    tree = ast.parse("@pytest.mark.multigpu\ndef test():\n    def w(r, n):\n        return r\n    launch(w, 2)\n"
+                     "    launch(lambda r, n: r, 2)\n    launch(module_level, 2)\n"
+                     "def test_cpu():  # fork carries closures: CPU tests may launch them\n    def w(r, n):\n        return r\n"
+                     "    launch(w, 2)\n")
+    assert _local_functions_launched(tree) == ["test:5", "test:6"]
+
+
+def test_every_function_a_test_launches_can_be_spawned() -> None:
+    """launch() spawns its ranks once CUDA is initialised (any earlier GPU test does that), and spawn
+    imports the function by name: a closure or lambda then fails, so a GPU test would pass alone and
+    fail in a full run. Every function a GPU-marked test launches is module-level (CPU tests fork,
+    which carries closures, and some test exactly that)."""
+    bad = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        bad += [f"{path.relative_to(REPO)}:{where}" for where in _local_functions_launched(ast.parse(path.read_text()))]
+    assert bad == [], "define these launched functions at module level: " + ", ".join(bad)
