@@ -32,9 +32,26 @@ from gpulab.devices.registry import default_for
 from gpulab.memory.meter import MemoryMeter
 from gpulab.memory.report import format_bytes
 
-__all__ = ["find_max_batch_size", "bisect_largest", "free_memory", "Try"]
+__all__ = ["find_max_batch_size", "bisect_largest", "free_memory", "is_out_of_memory", "Try"]
 
 Try = tuple[int, bool, int | None]  # (batch_size, fits, peak bytes measured or None)
+
+
+# What an out-of-memory looks like when it does not come from torch's caching allocator: cuBLAS and
+# cuDNN allocate their own workspaces and handles, and a failure there arrives as a plain RuntimeError
+# ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"); so does a cudaMalloc
+# outside the allocator ("CUDA error: out of memory"). cuDNN reports a failed handle creation under
+# memory pressure as CUDNN_STATUS_NOT_INITIALIZED (a broken install says the same: a retry that still
+# fails then raises it unchanged).
+_OOM_SIGNS = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_INITIALIZED")
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` means the device ran out of memory: ``torch.OutOfMemoryError``, or a
+    ``RuntimeError`` from cuBLAS, cuDNN or CUDA itself that says so (see ``_OOM_SIGNS``)."""
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    return isinstance(err, RuntimeError) and any(sign in str(err) for sign in _OOM_SIGNS)
 
 
 def free_memory(device: torch.device | str | None = None) -> None:
@@ -160,7 +177,9 @@ def _try(step_fn: Callable[[int], Any], batch_size: int, budget: int | None, tra
         step_fn(batch_size)
         torch.cuda.synchronize(device)  # an asynchronous kernel may still fail
         return True, int(torch.cuda.max_memory_allocated(device)), ""
-    except torch.OutOfMemoryError as err:
+    except RuntimeError as err:  # torch.OutOfMemoryError is one; cuBLAS/cuDNN OOMs are plain ones
+        if not is_out_of_memory(err):
+            raise
         detail = str(err).splitlines()[0].rstrip(".")
     # Out of the except block: the exception and its traceback (which holds the step's frames,
     # and every tensor in them) are gone, so this frees them.

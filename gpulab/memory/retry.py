@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from gpulab.memory.batch_size import free_memory
+from gpulab.memory.batch_size import free_memory, is_out_of_memory
 
 __all__ = ["oom_retry", "OOMRetry", "OOMEvent"]
 
@@ -121,7 +121,9 @@ class OOMRetry:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = _accumulate(self.model, self.loss_fn, inputs, targets, k, self.reduction)
                 break
-            except torch.OutOfMemoryError as err:
+            except RuntimeError as err:  # torch.OutOfMemoryError, or cuBLAS/cuDNN's plain RuntimeError
+                if not is_out_of_memory(err):
+                    raise
                 message = str(err).splitlines()[0].rstrip(".")
                 if k >= limit:
                     self.optimizer.zero_grad(set_to_none=True)

@@ -128,3 +128,49 @@ def test_bad_inputs() -> None:
     step = oom_retry(model, opt, nn.CrossEntropyLoss())
     with pytest.raises(ValueError, match="same non-zero number of samples"):
         step(torch.randn(3, 4), torch.zeros(2, dtype=torch.long))
+
+
+class CublasLimited(nn.Module):
+    """A linear layer whose matmul fails as cuBLAS does when its workspace cannot be allocated: a plain
+    RuntimeError, not torch.OutOfMemoryError, for micro-batches of more than ``fits`` samples."""
+
+    def __init__(self, fits: int):
+        super().__init__()
+        self.fits, self.linear = fits, nn.Linear(4, 2)
+
+    def forward(self, x):
+        if x.shape[0] > self.fits:
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+        return self.linear(x)
+
+
+def test_a_cublas_out_of_memory_is_retried_like_the_allocators() -> None:
+    """cuBLAS and cuDNN report out-of-memory as a plain RuntimeError: oom_retry let it through and the
+    step was lost (issue 39, smaller items)."""
+    model = CublasLimited(fits=3)
+    step = oom_retry(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
+    step(torch.randn(8, 4), torch.zeros(8, dtype=torch.long))
+    assert step.micro_batches == 4 and "CUBLAS_STATUS_ALLOC_FAILED" in step.events[0].message
+
+
+def test_a_runtime_error_that_is_not_out_of_memory_passes_through() -> None:
+    from gpulab.memory.batch_size import is_out_of_memory
+
+    def shape_bug(outputs, targets):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (3x4 and 5x2)")
+
+    model = MLP((4, 2))
+    step = oom_retry(model, torch.optim.SGD(model.parameters(), lr=0.1), shape_bug)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        step(torch.randn(3, 4), torch.zeros(3, dtype=torch.long))
+    assert not step.events
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory")) and is_out_of_memory(
+        RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")) and not is_out_of_memory(ValueError("out of memory"))
+
+
+def test_find_max_batch_size_counts_a_cublas_failure_as_not_fitting() -> None:
+    from gpulab.memory import find_max_batch_size
+
+    model = CublasLimited(fits=37)
+    best = find_max_batch_size(lambda b: model(torch.randn(b, 4)).sum().backward(), lo=1, hi=256, budget=2**30)
+    assert best == 37
