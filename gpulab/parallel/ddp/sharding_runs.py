@@ -21,6 +21,7 @@ slower rank's. Run it with::
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass
@@ -145,6 +146,9 @@ def measure_sharding(rank: int, world_size: int, strategies: Sequence[Any],
                 run.step(batch, timed=step >= cfg.warmup)
             out[run.name] = run.report(cfg.return_params)
             del run
+            # a wrapper's hooks hold cycles back to its model: without a collection the previous
+            # strategy's parameters, gradients and optimizer state count in the next one's peak
+            gc.collect()
         return out
     runs = [_Run(strategy, cfg, device, world_size) for strategy in strategies]
     for step, batch in enumerate(batches):

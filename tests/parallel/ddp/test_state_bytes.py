@@ -128,3 +128,13 @@ def test_on_a_gpu_the_allocator_peak_is_reported_beside_the_exact_count():
         assert b["cuda_peak"] is not None and b["cuda_peak"] >= b["total"], f"{name}: the peak holds at least the state"
         torch.testing.assert_close(run["params"]["net.0.weight"], _single_process_params()["net.0.weight"].detach(),
                                    atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_each_strategys_peak_is_its_own():
+    """Measured after DDP, ZeRO-1's CUDA peak held DDP's leftovers (a wrapper's hooks keep cycles to its
+    model until a collection): it must equal ZeRO-1's peak measured alone."""
+    after = launch(measure_sharding, 1, args=(["ddp", "zero1"], CFG), backend="nccl", timeout=300, echo=False)[0]
+    alone = launch(measure_sharding, 1, args=(["zero1"], CFG), backend="nccl", timeout=300, echo=False)[0]
+    peak_after, peak_alone = after["zero1"]["bytes"]["cuda_peak"], alone["zero1"]["bytes"]["cuda_peak"]
+    assert abs(peak_after - peak_alone) <= 0.02 * peak_alone, (peak_after, peak_alone)
