@@ -178,3 +178,13 @@ def test_recomputed_blocks_say_the_split() -> None:
 def test_flatten_features_is_small_convnets_flatten_width() -> None:
     assert [lab08.flatten_features(s) for s in (4, 7, 32, 64, 129)] == [32 * (s // 4) ** 2 for s in (4, 7, 32, 64, 129)]
     assert F.cross_entropy is lab08.Recorder(torch.nn.Linear(1, 1)).loss_fn
+
+
+def test_the_bf16_bar_is_measured_from_the_reference_on_this_device(monkeypatch) -> None:
+    """The bar was 0.75 everywhere, calibrated on a CPU; it now follows gpulab's own bf16 step."""
+    assert lab08.bf16_peak_bar("small_cnn") == lab08.bf16_peak_bar("transformer") == 0.75  # here: 0.60 and 0.63
+    peaks = {"bf16_step": 80, "fp32_step": 100}  # a device where autocast's bf16 weight copies keep more
+    monkeypatch.setattr(lab08, "step_peak", lambda step, name, seed=0: peaks[step.__name__])
+    assert abs(lab08.bf16_peak_bar("transformer") - 0.92) < 1e-9
+    peaks["bf16_step"] = 99  # no saving at all: the bar never passes it
+    assert lab08.bf16_peak_bar("transformer") == 0.95
