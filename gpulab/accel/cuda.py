@@ -3,7 +3,11 @@
 ``compute(seconds)`` launches ``torch.cuda._sleep(cycles)``, a kernel of one thread block that
 spins for a number of clock cycles calibrated once per device. It is real device work (NVML's
 GPU-Util reads 100 % while it runs) that occupies one SM, which is lab 01's point about what
-GPU-Util does not measure. Times come from CUDA events anchored to the host clock in ``begin()``.
+GPU-Util does not measure. Times come from CUDA events anchored to the host clock in ``begin()``;
+each spin kernel is bracketed by two events, so the device's busy time is the kernels' own, not the
+span from a step's copy to its end (which would count the idle gaps between kernels as busy). Work
+that ``step_fn`` queues without ``compute`` is not bracketed: a step with no spin kernel falls back to
+that span, an upper bound.
 
 ``torch.cuda._sleep`` is private (underscored, undocumented) but has been in torch for years and
 serves torch's own stream tests; no public op spins the GPU for a known number of cycles.
@@ -12,11 +16,11 @@ serves torch's own stream tests; no public op spins the GPU for a known number o
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-from gpulab.accel.base import Accelerator
+from gpulab.accel.base import Accelerator, StepMarks
 from gpulab.devices.batches import tree_map
 
 __all__ = ["CudaAccelerator"]
@@ -44,6 +48,7 @@ class CudaAccelerator(Accelerator):
         self._cycles_per_s: float | None = None
         self._anchor: Any = None
         self._anchor_t = 0.0
+        self._kernels: list[tuple[Any, Any]] = []  # (start, end) events of each spin kernel since begin()
 
     def _calibrate(self) -> float:
         if self._cycles_per_s is None:
@@ -60,7 +65,9 @@ class CudaAccelerator(Accelerator):
     def compute(self, seconds: float, inputs: torch.Tensor | None = None) -> torch.Tensor:
         cycles = int(seconds * self._calibrate())
         with torch.cuda.device(self.torch_device):
+            start = self.record()
             torch.cuda._sleep(cycles)  # (private, see above) one block spinning: 100 % GPU-Util on one SM of many
+            self._kernels.append((start, self.record()))
             if isinstance(inputs, torch.Tensor):
                 return inputs.float().mean()
             return torch.zeros((), device=self.torch_device)
@@ -74,6 +81,7 @@ class CudaAccelerator(Accelerator):
     def begin(self) -> None:
         self._calibrate()
         self.synchronize()
+        self._kernels = []
         self._anchor = self.record()
         self._anchor.synchronize()
         self._anchor_t = time.perf_counter()
@@ -87,3 +95,28 @@ class CudaAccelerator(Accelerator):
         if self._anchor is None:
             raise RuntimeError("call begin() before reading event times")
         return self._anchor_t + self._anchor.elapsed_time(event) / 1e3
+
+    def _kernel_times(self, lo: float, hi: float) -> list[tuple[float, float]]:
+        """The spin kernels that ran within ``[lo, hi]`` (host-clock seconds)."""
+        eps = 1e-6  # event timestamps are microseconds
+        out = []
+        for start, end in self._kernels:
+            s, e = self.event_time(start), self.event_time(end)
+            if s >= lo - eps and e <= hi + eps:
+                out.append((s, e))
+        return out
+
+    def busy_between(self, start: Any, end: Any) -> float:
+        lo, hi = self.event_time(start), self.event_time(end)
+        kernels = self._kernel_times(lo, hi)
+        if not kernels:
+            return super().busy_between(start, end)  # no spin kernel here: the span, an upper bound
+        return sum(e - s for s, e in kernels)
+
+    def busy_intervals(self, steps: Sequence[StepMarks], t_start: float, t_end: float) -> list[tuple[float, float]]:
+        intervals = []
+        for step in steps:
+            lo, hi = self.event_time(step.copy_end), self.event_time(step.step_end)
+            kernels = self._kernel_times(lo, hi) or ([(lo, hi)] if hi > lo else [])
+            intervals += [(s - t_start, e - t_start) for s, e in kernels]
+        return intervals
