@@ -120,3 +120,22 @@ class CudaAccelerator(Accelerator):
             kernels = self._kernel_times(lo, hi) or ([(lo, hi)] if hi > lo else [])
             intervals += [(s - t_start, e - t_start) for s, e in kernels]
         return intervals
+
+    def step_wait(self, step: StepMarks) -> float:
+        """The base inference (``step_fn`` returned as the step's work ended), narrowed by the kernels:
+        the host can only have been blocked on work queued behind it, and a gap before a kernel means
+        the device sat idle waiting for the host to launch it. So the wait starts no earlier than the
+        last run of back-to-back kernels. A launch-bound step (short kernels, idle gaps) then waits
+        about one kernel, not the whole step, and is not mistaken for a sync-bound one."""
+        lo, hi = self.event_time(step.copy_end), self.event_time(step.step_end)
+        kernels = self._kernel_times(lo, hi)
+        if not kernels:
+            return super().step_wait(step)
+        if abs(step.returned - hi) >= 1e-3:
+            return 0.0  # step_fn returned before (or long after) the device finished: no sync seen
+        run_start = kernels[-1][0]
+        for i in range(len(kernels) - 1, 0, -1):
+            if kernels[i][0] - kernels[i - 1][1] > 1e-4:  # an idle gap: the device waited for the host here
+                break
+            run_start = kernels[i - 1][0]
+        return max(0.0, min(step.returned, hi) - max(step.copied, run_start))

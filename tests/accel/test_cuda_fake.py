@@ -76,3 +76,35 @@ def test_a_step_without_a_spin_kernel_falls_back_to_its_span(monkeypatch) -> Non
     device.run(0.005)  # work queued by other torch code in step_fn: not bracketed
     step_end = accel.record()
     assert abs(accel.busy_between(copy_end, step_end) - 0.005) < 1e-9
+
+
+def _step(accel, copied: float, returned: float, copy_end, step_end) -> StepMarks:
+    t0 = accel._anchor_t
+    return StepMarks(t0 + copied, t0 + copied, t0 + copied, t0 + returned, None, None, copy_end, copy_end, step_end)
+
+
+def test_a_launch_bound_step_is_not_read_as_a_sync(monkeypatch) -> None:
+    """Five 1 ms kernels, each launched 4 ms after the last one ended: the host is the bottleneck, and
+    it returns as the last kernel ends. The base inference called all 21 ms a sync."""
+    accel, device = _fake_accelerator(monkeypatch)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: None)
+    accel.begin()
+    copy_end = accel.record()
+    for k in range(5):
+        if k:
+            device.idle(0.004)
+        accel.compute(0.001)
+    step_end = accel.record()
+    wait = accel.step_wait(_step(accel, 0.0, 0.021, copy_end, step_end))
+    assert wait <= 0.001 + 1e-9  # at most the last kernel
+    assert abs(accel.busy_between(copy_end, step_end) - 0.005) < 1e-9
+
+
+def test_a_step_that_waits_for_its_one_long_kernel_is_a_sync(monkeypatch) -> None:
+    accel, device = _fake_accelerator(monkeypatch)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: None)
+    accel.begin()
+    copy_end = accel.record()
+    accel.compute(0.020)  # launched at once; then loss.item() waits for it
+    step_end = accel.record()
+    assert abs(accel.step_wait(_step(accel, 0.0, 0.0202, copy_end, step_end)) - 0.020) < 1e-6
