@@ -38,7 +38,7 @@ PORT    ?= 8888
 INSTRUCTOR ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup lab test test-fast test-browser lint release check grade feedback collect bench doctor clean
+.PHONY: help setup lab test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -108,6 +108,9 @@ collect: setup  ## import an LMS download: make collect LAB=00_setup ARCHIVE=sub
 
 bench: setup  ## run every benchmark; each prints one JSON line
 	@for b in benchmarks/*.py; do echo "== $$b"; "$(PY)" "$$b"; done
+
+gpu-check: setup  ## on a GPU machine: GPU tests, labs 02/06/07/08/09/10 graded, benchmarks -> benchmarks/results/*-<gpu>.json (install a CUDA torch: TORCH_INDEX=...)
+	"$(PY)" tools/gpu_check.py
 
 doctor: setup  ## what this machine has, and what will run on real devices
 	"$(PY)" -m gpulab doctor

@@ -43,6 +43,29 @@ def verdicts(path: Path) -> list[tuple[str, str]]:
     return out
 
 
+def grade_lab(lab: str, root: Path, jobs: int = 2, students: list[str] | tuple[str, ...] = ()) -> tuple[list, float]:
+    """Release ``lab`` into a course copy at ``root``, submit its source notebook as ``solution`` and
+    its release as ``student`` (and each of ``students`` as ``extra<i>``), grade them as ``make grade``
+    does, and return (grades.csv's rows, seconds)."""
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(REPO / "notebooks" / "source", root / "source")
+    shutil.copy(REPO / "notebooks" / "nbgrader_config.py", root / "nbgrader_config.py")
+    with open("/tmp/gpulab-grade.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        release(root, lab)
+        shutil.copytree(root / "source" / lab, root / "submitted" / "solution" / lab)
+        shutil.copytree(root / "release" / lab, root / "submitted" / "student" / lab)
+        for i, nb in enumerate(students):
+            dest = root / "submitted" / f"extra{i}" / lab
+            shutil.copytree(root / "release" / lab, dest)
+            shutil.copy(nb, dest / f"{lab}.ipynb")
+        plan = isolation.detect()
+        t0 = time.perf_counter()
+        rows = grade(root, lab, jobs=jobs, limits=Limits(allow_weaker=True), progress=False, plan=plan)
+        return rows, time.perf_counter() - t0
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("lab")
@@ -51,23 +74,7 @@ def main() -> int:
     p.add_argument("--student", action="append", default=[], help="another notebook to grade as a student")
     args = p.parse_args()
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gradelab-"))
-    if root.exists():
-        shutil.rmtree(root)
-    shutil.copytree(REPO / "notebooks" / "source", root / "source")
-    shutil.copy(REPO / "notebooks" / "nbgrader_config.py", root / "nbgrader_config.py")
-    with open("/tmp/gpulab-grade.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        release(root, args.lab)
-        shutil.copytree(root / "source" / args.lab, root / "submitted" / "solution" / args.lab)
-        shutil.copytree(root / "release" / args.lab, root / "submitted" / "student" / args.lab)
-        for i, nb in enumerate(args.student):
-            dest = root / "submitted" / f"extra{i}" / args.lab
-            shutil.copytree(root / "release" / args.lab, dest)
-            shutil.copy(nb, dest / f"{args.lab}.ipynb")
-        plan = isolation.detect()
-        t0 = time.perf_counter()
-        rows = grade(root, args.lab, jobs=args.jobs, limits=Limits(allow_weaker=True), progress=False, plan=plan)
-        took = time.perf_counter() - t0
+    rows, took = grade_lab(args.lab, root, args.jobs, args.student)
     for r in rows:
         print(f"{r.student:10} {r.score:g}/{r.max_score:g}  {r.notes}")
         for nb in sorted((root / "autograded" / r.student / args.lab).glob("*.ipynb")):
