@@ -95,6 +95,16 @@ def test_run_amp_steps_returns_the_dtypes_and_the_training():
     assert plain["forward_dtypes"] == ["torch.float32"], "a step without autocast must be visible"
 
 
+@pytest.mark.multigpu
+def test_on_two_gpus_the_amp_grader_runs_nccl_with_bf16_autocast():
+    from gpulab.parallel import resolve_backend
+
+    assert resolve_backend("auto", 2) == "nccl"
+    ours = run_amp_steps(amp_step, 2, num_steps=3, seed=5)
+    assert ours[0]["forward_dtypes"] == ["torch.bfloat16"] and ours[0]["param_dtypes"] == ["torch.float32"]
+    assert _close(ours, lab06.amp_reference(2, 3, 5), atol=1e-4)
+
+
 def _wrap_always(model, device, inputs):
     return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
 

@@ -174,3 +174,28 @@ def test_find_max_batch_size_counts_a_cublas_failure_as_not_fitting() -> None:
     model = CublasLimited(fits=37)
     best = find_max_batch_size(lambda b: model(torch.randn(b, 4)).sum().backward(), lo=1, hi=256, budget=2**30)
     assert best == 37
+
+
+@pytest.mark.gpu
+def test_oom_retry_survives_a_real_cuda_out_of_memory() -> None:
+    """The caching allocator capped at 2 GiB: a batch whose activations need about 3 GiB runs out, and
+    the same batch goes through in micro-batches, with the whole batch's loss."""
+    import math
+
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, 2 * 2**30 / total), 0)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(1024, 8192), nn.ReLU(), nn.Linear(8192, 10)).cuda()
+        x = torch.randn(49152, 1024, device="cuda")  # 192 MiB; each 8192-wide activation is 1.5 GiB
+        y = torch.randint(0, 10, (49152,), device="cuda")
+        with torch.no_grad():
+            want = nn.functional.cross_entropy(torch.cat([model(c) for c in x.split(4096)]), y).item()
+        step = oom_retry(model, torch.optim.SGD(model.parameters(), lr=0.0), nn.CrossEntropyLoss())
+        loss = step(x, y)
+        assert step.events and step.micro_batches >= 2 and "out of memory" in step.events[0].message.lower()
+        assert math.isclose(loss, want, rel_tol=1e-4)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        torch.cuda.empty_cache()

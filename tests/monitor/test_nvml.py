@@ -7,6 +7,7 @@ import sys
 import types
 
 import numpy as np
+import pytest
 
 from gpulab.monitor import UtilizationMonitor
 from gpulab.monitor import view as monitor_view
@@ -61,3 +62,31 @@ def test_gpu_readings_from_nvml_become_arrays(monkeypatch) -> None:
     assert "NVML: 2 GPU(s)" in mon.status and fake.calls["shutdown"] == 1
     text = monitor_view.format_sample(mon, mon.samples[-1])
     assert "gpu0" in text and "97.0%" in text and "77 C" in text
+
+
+@pytest.mark.gpu
+def test_real_nvml_reads_the_gpus_torch_uses() -> None:
+    """Each reading is of the GPU torch calls cuda:i (its name and memory size agree with CUDA's), and
+    a kernel that keeps the GPU busy shows in GPU-Util."""
+    import time
+
+    import torch
+
+    from gpulab.monitor.nvml import NvmlReader
+
+    reader = NvmlReader()
+    try:
+        assert reader.ok, reader.describe()
+        samples = reader.sample()
+        assert [s.index for s in samples] == list(range(torch.cuda.device_count()))
+        for s, name in zip(samples, reader.names):
+            props = torch.cuda.get_device_properties(s.index)
+            assert name == torch.cuda.get_device_name(s.index), (name, s.index)
+            assert abs(s.mem_total - props.total_memory) <= 0.05 * props.total_memory
+            assert s.temp is None or 0 < s.temp < 120
+        torch.cuda._sleep(2_000_000_000)  # about a second of one spinning block on cuda:0 (private, see gpulab.accel.cuda)
+        time.sleep(0.5)
+        assert reader.sample()[0].util > 0, "NVML's GPU-Util sees the spinning kernel"
+        torch.cuda.synchronize()
+    finally:
+        reader.close()
