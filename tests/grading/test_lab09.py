@@ -155,3 +155,16 @@ def test_on_two_gpus_the_zero1_grader_runs_nccl_and_trains_like_one_process():
     res = lab09.run_accumulation([("right", accumulation_step)], 2, wrapper="naive", micro_batches=2)["right"]
     assert res["all_reduce_per_step"] == lab09.calls_per_sync("naive"), "one synchronisation per step, on nccl too"
     assert _close(res["params"], lab09.single_process_accumulation(2), atol=1e-4)
+
+
+def test_accumulation_steps_are_timed_after_their_queued_gpu_work(monkeypatch):
+    """The ranks read the clock without synchronising, so on a GPU a step timed its launches. Stand-in
+    for a GPU queue: synchronize_all waits 30 ms (the forked ranks inherit the patch)."""
+    import time
+
+    def wait_for_queue():
+        time.sleep(0.03)
+
+    monkeypatch.setattr(lab09, "synchronize_all", wait_for_queue)
+    res = lab09.run_accumulation([("right", accumulation_step)], 2, wrapper="naive", micro_batches=2, num_steps=2)
+    assert min(res["right"]["step_s"]) >= 0.03, res["right"]["step_s"]
