@@ -21,10 +21,11 @@ kernel while the lab is graded):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -109,25 +110,47 @@ def random_partition_cases(rng: random.Random, n: int = 25) -> dict[str, tuple[l
 
 # --- exercise 2: ZeRO-1 --------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _counting_torch_zero() -> Iterator[list[int]]:
+    """Count the ``ZeroRedundancyOptimizer`` objects built inside the block (subclasses too): the
+    exercise is ZeRO-1 by hand, and wrapping torch's would pass every other check."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    built: list[int] = []
+    original = ZeroRedundancyOptimizer.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(1)
+        original(self, *args, **kwargs)
+
+    ZeroRedundancyOptimizer.__init__ = counted  # in this rank's process only
+    try:
+        yield built
+    finally:
+        ZeroRedundancyOptimizer.__init__ = original
+
+
 def _zero1_rank(rank, world_size, zero_cls, model_name, optimizer, num_steps, seed):
     device = rank_device(rank)
     opt_cls, kwargs = OPTIMIZERS[optimizer]
     inputs, targets = (t.chunk(world_size)[rank].to(device) for t in _data(seed=seed))  # this rank's shard
     model = _model(model_name).to(device)
     params = list(model.parameters())
-    opt = zero_cls(params, opt_cls, **kwargs)
-    for _ in range(num_steps):
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(inputs), targets).backward()
-        allreduce_gradients(model, world_size)  # ZeRO-1 starts from DDP's averaged gradients
-        opt.step()
+    with _counting_torch_zero() as torch_zero:
+        opt = zero_cls(params, opt_cls, **kwargs)
+        for _ in range(num_steps):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(inputs), targets).backward()
+            allreduce_gradients(model, world_size)  # ZeRO-1 starts from DDP's averaged gradients
+            opt.step()
     holder = getattr(opt, "local_optimizer", None)
     if not isinstance(holder, torch.optim.Optimizer):
         raise TypeError("your ZeRO-1 class must keep its torch optimizer in self.local_optimizer")
     index = {id(p): i for i, p in enumerate(params)}
     held = sorted(index[id(p)] for g in holder.param_groups for p in g["params"] if id(p) in index)
     return {"params": {n: p.detach().cpu() for n, p in model.named_parameters()},
-            "local_params": held, "state_bytes": optimizer_state_bytes(holder)}
+            "local_params": held, "state_bytes": optimizer_state_bytes(holder),
+            "torch ZeroRedundancyOptimizers built": len(torch_zero)}
 
 
 def run_zero1(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str = "mlp", optimizer: str = "adamw",
@@ -138,8 +161,9 @@ def run_zero1(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str =
 
     Returns:
         Per rank: ``params`` (after training), ``local_params`` (the indices, in
-        ``model.parameters()`` order, of the parameters its ``local_optimizer`` holds) and
-        ``state_bytes`` (that optimizer's state, counted from its tensors).
+        ``model.parameters()`` order, of the parameters its ``local_optimizer`` holds),
+        ``state_bytes`` (that optimizer's state, counted from its tensors) and
+        ``"torch ZeroRedundancyOptimizers built"`` (0 for a ZeRO-1 written by hand).
     """
     return launch(_zero1_rank, world_size, args=(zero_cls, model, optimizer, num_steps, seed), timeout=timeout,
                   echo=False)

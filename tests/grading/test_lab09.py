@@ -168,3 +168,29 @@ def test_accumulation_steps_are_timed_after_their_queued_gpu_work(monkeypatch):
     monkeypatch.setattr(lab09, "synchronize_all", wait_for_queue)
     res = lab09.run_accumulation([("right", accumulation_step)], 2, wrapper="naive", micro_batches=2, num_steps=2)
     assert min(res["right"]["step_s"]) >= 0.03, res["right"]["step_s"]
+
+
+class WrapsTorchZero:
+    """A 'MyZeRO1' that wraps torch's ZeroRedundancyOptimizer: it trains right and holds its share, so
+    only the count of ZeroRedundancyOptimizers built tells it apart (lab 09 did not refuse it)."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self.params = list(params)
+        self.zero = ZeroRedundancyOptimizer(self.params, optimizer_class=optimizer_cls, **kwargs)
+        self.local_optimizer = self.zero.optim
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self.zero.step()
+
+
+def test_a_zero1_that_wraps_torchs_is_counted():
+    wrapped = lab09.run_zero1(WrapsTorchZero, 2, seed=7)
+    assert _close([r["params"] for r in wrapped], [lab09.single_process_params("mlp", "adamw", 3, 7)] * 2)
+    assert [r["torch ZeroRedundancyOptimizers built"] for r in wrapped] == [1, 1]
+    assert [r["torch ZeroRedundancyOptimizers built"] for r in lab09.run_zero1(Right, 2, seed=7)] == [0, 0]
