@@ -58,5 +58,7 @@ def test_each_lab_exposes_maskable_references(name: str, tmp_path) -> None:
             params = [p for p in inspect.signature(code).parameters.values()
                       if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
             args = [None] * (len(params) - (1 if inspect.isclass(stub) else 0))
+            kwargs = {p.name: None for p in inspect.signature(code).parameters.values()  # required keyword-only ones
+                      if p.default is p.empty and p.kind is p.KEYWORD_ONLY}
             with pytest.raises(gpulab.MaskedReference):
-                stub(*args)
+                stub(*args, **kwargs)
