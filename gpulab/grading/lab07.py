@@ -23,27 +23,34 @@ thread per stage) and ``bubble``. Besides their outputs and gradients (against t
 Each call of the student's code runs in a helper thread with a time limit
 (:func:`run_with_timeout`), so a pipeline whose stage thread waits forever for a micro-batch stops
 the test with :class:`StepTimeout` instead of hanging the notebook.
+
+On GPUs the same holds: the references run on the thread schedule, as the student's code does
+(a ``PipelinedModel`` launches every stage from one thread on CUDA streams, which never meets a
+barrier), and the student's code runs in IEEE float32 (:func:`exact_float32`), which the
+tolerances of the comparisons with the CPU's float32 reference assume (:data:`FLOAT32_RTOL`).
+``tests/grading/test_lab07_gpus.py`` runs the graders and the whole notebook on two GPUs on paper.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from gpulab.devices import LogicalDevice, cuda_device_count, logical_devices
-from gpulab.parallel import comm
-from gpulab.parallel.pipeline import PipelinedModel, bubble_fraction, gpipe_train_step
+from gpulab.parallel.pipeline import bubble_fraction, gpipe_train_step, micro_batch_step
+from gpulab.parallel.pipeline.gpipe import _concat
 from gpulab.parallel.pipeline.split import SplitModel, split_model
-from gpulab.parallel.pipeline.threads import run_in_stage_threads
+from gpulab.parallel.pipeline.threads import StageThreads, run_in_stage_threads
 from gpulab.parallel.pipeline.timing import intra_op_threads
 
 __all__ = ["REFERENCES", "StepTimeout", "lab_devices", "run_with_timeout", "reference_forward", "sequential_train_step",
            "stages_overlap", "train_step_overlap", "schedule_facts", "train_step_schedule", "train_step_work",
-           "whole_step", "named_gradients", "OVERLAPPED"]
+           "whole_step", "named_gradients", "exact_float32", "FLOAT32_RTOL", "FLOAT32_ATOL", "OVERLAPPED"]
 
 # gpulab's reference implementations of lab 07's exercises, masked in a graded kernel
 # (gpulab.course.mask): GPipe's training step, the pipeline's overlapped CPU schedule (behind
@@ -51,10 +58,44 @@ __all__ = ["REFERENCES", "StepTimeout", "lab_devices", "run_with_timeout", "refe
 # a submission that wraps PipelinedModel does not overlap), and the bubble formula.
 # Not masked, because the lab's demos and its tests build on them: split_model / SplitModel (the
 # general version of TwoStageModel), PipelinedModel itself (with overlap=False, the fair baseline),
-# StageThreads and forward_streams (PipelinedModel's machinery; on GPUs, the CUDA streams).
+# micro_batch_step (the graders' baseline, overlap=False), StageThreads and forward_streams
+# (PipelinedModel's machinery; on GPUs, the CUDA streams).
 REFERENCES: tuple = (gpipe_train_step, run_in_stage_threads, bubble_fraction)
 
 OVERLAPPED = "overlapped"
+
+# The tolerances of graded comparisons with the whole model, which the reference kernel runs on the
+# CPU in float32, and how they hold where the student's code runs on a GPU:
+# - float32 keeps 24 significant bits (unit roundoff u = 2**-24, about 6e-8). A GPU kernel, a smaller
+#   micro-batch, or a backward pass with atomic adds (GPU non-determinism: the order changes from run
+#   to run) adds the same terms in another order, which moves a sum of K terms by about sqrt(K) * u
+#   times the size of its terms when their rounding errors have random signs (K * u is the worst
+#   case, never met in practice). The longest sums graded here are a 3x3 convolution over 512
+#   channels (K = 4608) and a weight gradient over 16 images of 32x32 (K = 16384): sqrt(K) * u is
+#   under 1e-5 per layer, and through the ~50 layers of a ResNet-50, adding up as a random walk,
+#   about 5e-5: inside FLOAT32_RTOL. FLOAT32_ATOL covers the values near 0, whose relative error
+#   means nothing. (The gradient checks of pipelines allow 1e-3 and 1e-4, ten times more.)
+# - TF32, cuDNN's default for float32 convolutions on Ampere and newer GPUs (Hopper too), rounds the
+#   inputs of every product to 10 bits (u = 2**-11, about 5e-4): each convolution is off by about
+#   5e-4 of its size, a ResNet's output by 1e-3 to 1e-2, above FLOAT32_RTOL and as far as some
+#   wrong answers are. No tolerance tells those apart, so the graders run the student's code in
+#   IEEE float32 (exact_float32, around every call of run_with_timeout), as the CPU computes.
+FLOAT32_RTOL, FLOAT32_ATOL = 1e-4, 1e-5
+
+
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """Float32 matrix products and convolutions in IEEE float32 inside the block, no TF32
+    (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` False),
+    then both settings as they were. The settings are the process's, every thread's; on a CPU
+    they change nothing. See :data:`FLOAT32_RTOL` for why graded runs need it."""
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.allow_tf32
+    matmul.allow_tf32 = cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 TrainStep = Callable[..., float]  # (stages, devices, inputs, targets, split_size, loss_fn, timeline=None)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -74,7 +115,8 @@ class StepTimeout(TimeoutError):
 def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0, what: str = "your function",
                      grad: bool | None = None, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` in a helper thread: its result, its exception, or :class:`StepTimeout`
-    after ``timeout_s`` seconds. ``grad`` sets grad mode in the thread (default: the caller's)."""
+    after ``timeout_s`` seconds. ``grad`` sets grad mode in the thread (default: the caller's). The
+    call computes in IEEE float32 (:func:`exact_float32`: no TF32 on a GPU), as the reference does."""
     grad = torch.is_grad_enabled() if grad is None else grad
     box: dict[str, Any] = {}
 
@@ -86,8 +128,9 @@ def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0
             box["error"] = err
 
     thread = threading.Thread(target=target, name="gpulab-grading", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
+    with exact_float32():
+        thread.start()
+        thread.join(timeout_s)
     if thread.is_alive():
         raise StepTimeout(f"{what} did not return within {timeout_s:.0f} s. Hint: a stage thread may wait for a "
                           "micro-batch that never comes; when a stage fails, pass the exception on (through the "
@@ -101,21 +144,23 @@ def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0
 
 def reference_forward(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], x: torch.Tensor,
                       split_size: int) -> torch.Tensor:
-    """gpulab's pipeline (:class:`PipelinedModel`) behind ``pipelined_forward``'s signature."""
-    return PipelinedModel(SplitModel(list(stages), list(devices)), split_size)(x)
+    """gpulab's pipeline behind ``pipelined_forward``'s signature: the outputs of the thread schedule
+    (:class:`~gpulab.parallel.pipeline.threads.StageThreads`, a thread per device, the schedule the
+    exercise asks for) on every device, without autograd. On GPUs a ``PipelinedModel`` launches
+    every stage from one thread (CUDA streams), which can never meet :func:`stages_overlap`'s
+    barrier; that test, this function's one user, compares values only."""
+    run = StageThreads(SplitModel(list(stages), list(devices)).stages, list(devices))
+    outs = run.forward(list(x.split(split_size)), grad=False, input_grad=False)  # M x (rows_j, ...)
+    return _concat(outs, run.devices[-1])  # (B, ...) on the last device
 
 
 def sequential_train_step(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], inputs: torch.Tensor,
                           targets: torch.Tensor, split_size: int, loss_fn: LossFn = nn.functional.cross_entropy,
                           timeline: list | None = None) -> float:
     """The baseline of the speed-up: the same micro-batches and the same work as a GPipe step, one
-    micro-batch after the other in this thread (``PipelinedModel(..., overlap=False)``)."""
-    pipe = PipelinedModel(SplitModel(list(stages), list(devices)), split_size, overlap=False)
-    loss = loss_fn(pipe(inputs), comm.to(targets, pipe.devices[-1]))
-    loss.backward()
-    if timeline is not None:
-        timeline.extend(pipe.timeline)
-    return loss.item()
+    micro-batch after the other in this thread (``micro_batch_step(..., overlap=False)``; on a GPU
+    each piece of work is waited for before the next is launched)."""
+    return micro_batch_step(stages, devices, inputs, targets, split_size, loss_fn, timeline, overlap=False)
 
 
 def whole_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None = None,

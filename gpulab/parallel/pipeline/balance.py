@@ -23,6 +23,7 @@ of the sums instead.) Stages interleaved on shared devices are cut by
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import time
@@ -47,7 +48,7 @@ MAX_SIMULATED_CUTS = 2_000
 
 
 def phase_times(layers: Sequence[nn.Module], sample: torch.Tensor, *, backward: bool = True,
-                repeats: int = 3) -> tuple[list[float], list[float]]:
+                repeats: int = 3, device: torch.device | str | None = None) -> tuple[list[float], list[float]]:
     """Seconds of forward and of backward for each layer, on ``sample``, as a training step runs them.
 
     The layers run as one model, in training mode (BatchNorm computes batch statistics, as in a
@@ -58,19 +59,29 @@ def phase_times(layers: Sequence[nn.Module], sample: torch.Tensor, *, backward: 
     skips its input's gradient unless ``sample`` needs one, as in training). No ``.grad`` is
     touched. On a CPU the clock is the process's CPU time (``time.process_time``: the work done,
     which another program's load does not stretch; nothing else of this process runs meanwhile),
-    on a GPU the wall clock around synchronised kernels. Each layer keeps its fastest of
-    ``repeats`` runs after a warm-up: load only ever adds time, so the minimum is the steadiest.
-    Measure with the threads the real run will use (one intra-op thread per device:
-    :func:`gpulab.parallel.intra_op_threads`).
+    on a GPU the wall clock read after the GPU finished the work (a synchronisation after every
+    layer's forward and in every gradient hook: without it the clock times kernel launches). Each
+    layer keeps its fastest of ``repeats`` runs after a warm-up: load only ever adds time, so the
+    minimum is the steadiest. Measure with the threads the real run will use (one intra-op thread
+    per device: :func:`gpulab.parallel.intra_op_threads`).
+
+    ``device`` is where to measure, the device the stages will run on (default: the layers'
+    parameters', else ``sample``'s); layers elsewhere are measured on copies moved there.
 
     Returns:
         ``(forward, backward)``: two lists of seconds, one entry per layer (backward all 0.0 when
         ``backward`` is False).
     """
+    layers, sample = _on_device(layers, sample, device)
     was_training = [layer.training for layer in layers]
     buffers = [[b.detach().clone() for b in layer.buffers()] for layer in layers]
     n = len(layers)
     clock = time.perf_counter if sample.is_cuda else time.process_time
+
+    def when_ready(grad: torch.Tensor) -> float:  # in a gradient hook: once the gradient is computed
+        _sync(grad)
+        return clock()
+
     forward: list[list[float]] = [[] for _ in layers]
     back: list[list[float]] = [[] for _ in layers]
     try:
@@ -89,7 +100,7 @@ def phase_times(layers: Sequence[nn.Module], sample: torch.Tensor, *, backward: 
             if backward and outs[-1].requires_grad:
                 for i, out in enumerate(outs[:-1]):
                     if out.requires_grad:
-                        out.register_hook(lambda g, i=i: ready.__setitem__(i, clock()))
+                        out.register_hook(lambda g, i=i: ready.__setitem__(i, when_ready(g)))
                 wrt = [t for t in (*(p for layer in layers for p in layer.parameters()), first) if t.requires_grad]
                 ready[-1] = clock()
                 torch.autograd.grad(outs[-1], wrt, torch.ones_like(outs[-1]))  # grad(): no .grad touched
@@ -114,16 +125,30 @@ def phase_times(layers: Sequence[nn.Module], sample: torch.Tensor, *, backward: 
 
 def _sync(t: torch.Tensor) -> None:
     if t.is_cuda:
-        torch.cuda.synchronize(t.device)  # GPU kernels are asynchronous
+        torch.cuda.synchronize(t.device)  # GPU kernels are asynchronous: a CPU-GPU sync point, on purpose
+
+
+def _on_device(layers: Sequence[nn.Module], sample: torch.Tensor,
+               device: torch.device | str | None) -> tuple[list[nn.Module], torch.Tensor]:
+    """The layers and the sample on ``device`` (default: the layers' own): the layers themselves
+    where they are there already, else deep copies moved there."""
+    params = [p for layer in layers for p in layer.parameters()]
+    where = torch.device(device) if device is not None else params[0].device if params else sample.device
+    if where.type == "cuda" and where.index is None:
+        where = torch.device("cuda", torch.cuda.current_device())
+    on_device = all(t.device == where for layer in layers for t in (*layer.parameters(), *layer.buffers()))
+    layers = list(layers) if on_device else [copy.deepcopy(layer).to(where) for layer in layers]
+    return layers, sample.to(where)
 
 
 def layer_costs(layers: Sequence[nn.Module], balance: Balance = "params", sample: torch.Tensor | None = None,
-                *, repeats: int = 3) -> list[float]:
+                *, repeats: int = 3, device: torch.device | str | None = None) -> list[float]:
     """The cost of each layer: parameter count, measured seconds, or counted forward FLOPs.
 
-    ``"time"`` is forward + backward seconds (:func:`phase_times`), ``"forward_time"`` the forward
-    alone (an inference's cost), ``"flops"`` the FLOPs that ``torch.utils.flop_counter`` counts in
-    one forward (deterministic, but blind to memory-bound layers such as pooling and BatchNorm).
+    ``"time"`` is forward + backward seconds (:func:`phase_times`, on ``device``), ``"forward_time"``
+    the forward alone (an inference's cost), ``"flops"`` the FLOPs that ``torch.utils.flop_counter``
+    counts in one forward (deterministic, but blind to memory-bound layers such as pooling and
+    BatchNorm).
 
     Raises:
         ValueError: for an unknown ``balance``, or one that runs the layers without ``sample``.
@@ -151,7 +176,7 @@ def layer_costs(layers: Sequence[nn.Module], balance: Balance = "params", sample
             for layer, mode in zip(layers, was_training):
                 layer.train(mode)
         return costs
-    forward, backward = phase_times(layers, sample, backward=balance == "time", repeats=repeats)
+    forward, backward = phase_times(layers, sample, backward=balance == "time", repeats=repeats, device=device)
     return [f + b for f, b in zip(forward, backward)]
 
 
@@ -263,10 +288,11 @@ def interleaved_boundaries(forward: Sequence[float], backward: Sequence[float], 
 
 
 def choose_boundaries(layers: Sequence[nn.Module], num_stages: int, balance: Balance = "params",
-                      sample: torch.Tensor | None = None, lanes: Sequence[int] | None = None) -> list[int]:
+                      sample: torch.Tensor | None = None, lanes: Sequence[int] | None = None,
+                      device: torch.device | str | None = None) -> list[int]:
     """The boundaries :func:`gpulab.parallel.split_model` uses for ``balance`` (see the module docstring).
     ``lanes[s]`` is stage s's device; where a device holds several stages, ``"time"`` cuts by
-    :func:`interleaved_boundaries`.
+    :func:`interleaved_boundaries`. Times are measured on ``device`` (:func:`phase_times`).
 
     Raises:
         ValueError: as :func:`layer_costs`, or more stages than layers.
@@ -274,8 +300,8 @@ def choose_boundaries(layers: Sequence[nn.Module], num_stages: int, balance: Bal
     if balance == "time":
         if not isinstance(sample, torch.Tensor):
             raise ValueError("balance='time' runs the layers: pass sample=a small input batch, e.g. x[:8]")
-        forward, backward = phase_times(layers, sample)
+        forward, backward = phase_times(layers, sample, device=device)
         if lanes is not None and len(set(lanes)) < len(lanes):
             return interleaved_boundaries(forward, backward, lanes)
         return pipeline_boundaries(forward, backward, num_stages)
-    return balanced_boundaries(layer_costs(layers, balance, sample), num_stages)
+    return balanced_boundaries(layer_costs(layers, balance, sample, device=device), num_stages)

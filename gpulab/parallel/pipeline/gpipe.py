@@ -14,7 +14,8 @@ How the stages overlap depends on the devices:
   host thread launches the work, each stage on its own CUDA stream; kernels are asynchronous, so
   device 0 computes micro-batch j + 1 while device 1 computes j, as in the tutorial. Events order
   each hand-off between streams. Backward is autograd's, which runs every op on its forward op's
-  stream (one autograd thread per GPU).
+  stream (one autograd thread per GPU); hooks on each stage's autograd nodes record its backward
+  with CUDA events, so the timeline holds both passes on GPUs too.
 - **Logical devices sharing the CPU** (:mod:`~gpulab.parallel.pipeline.threads`): one Python
   thread per device, with a queue into each. torch releases the GIL inside its kernels, so two
   stages really compute at the same time on two cores. Backward is pipelined the same way: each
@@ -54,7 +55,7 @@ Warning:
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 from torch import nn
@@ -68,7 +69,7 @@ from gpulab.parallel.pipeline.split import SplitModel, device_lanes
 from gpulab.parallel.pipeline.streams import forward_streams
 from gpulab.parallel.pipeline.threads import StageThreads
 
-__all__ = ["PipelinedModel", "gpipe_train_step"]
+__all__ = ["PipelinedModel"]
 
 
 def _concat(outs: list[torch.Tensor], device: LogicalDevice) -> torch.Tensor:
@@ -259,34 +260,3 @@ class PipelinedModel(nn.Module):
             return _PipelineFunction.apply(run, x, self.split_size, *params)
         outs = run.forward(list(x.split(self.split_size)), grad=False, input_grad=False)
         return _concat(outs, self.devices[-1])  # (B, ...)
-
-
-def gpipe_train_step(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], inputs: torch.Tensor,
-                     targets: torch.Tensor, split_size: int,
-                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
-                     timeline: list[StageEvent] | None = None) -> float:
-    """One GPipe training step, without the optimizer: lab 07's exercise, gpulab's version.
-
-    Every micro-batch of ``split_size`` rows goes forward through the stages (stage ``i`` on
-    ``devices[i]``), then every one comes back through them, last stage first; the gradients
-    accumulate into the parameters' ``.grad`` as ``loss.backward()`` would (nothing is zeroed).
-
-    Args:
-        stages: the stages, each already on its device.
-        devices: one logical device per stage.
-        inputs: the batch, (B, ...).
-        targets: its targets, (B, ...).
-        split_size: rows per micro-batch.
-        loss_fn: ``loss_fn(outputs, targets)``, a mean over the rows (as ``cross_entropy``).
-        timeline: a list to append the step's :class:`StageEvent`\\ s to, or None.
-
-    Returns:
-        The batch's loss, a float.
-    """
-    pipe = PipelinedModel(SplitModel(list(stages), list(devices)), split_size)
-    out = pipe(inputs)  # (B, ...) on the last device
-    loss = loss_fn(out, comm.to(targets, pipe.devices[-1]))
-    loss.backward()
-    if timeline is not None:
-        timeline.extend(pipe.timeline)
-    return loss.item()

@@ -153,7 +153,9 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
             time, each pass balanced), ``"forward_time"`` or ``"flops"``; all but ``"params"``
             need ``sample``. See the module docstring.
         sample: an input batch, for ``balance="time"``, ``"forward_time"`` or ``"flops"``; for a pipeline, one
-            micro-batch (costs depend on the batch size).
+            micro-batch (costs depend on the batch size). Times are measured on ``devices[0]``'s
+            physical device, on a copy of the layers when they are elsewhere (on a GPU: the whole
+            model on the first GPU, for the measurement).
 
     Returns:
         A :class:`SplitModel`. Its stages are the model's own layers, moved in place (like
@@ -171,7 +173,8 @@ def split_model(model: nn.Module | Sequence[nn.Module], devices: Sequence[Logica
         raise ValueError(f"cannot split {n} layers into {s} stages: every stage needs at least one layer. "
                          f"Use at most {n} devices, or a model with more layers")
     if boundaries is None:
-        boundaries = choose_boundaries(layers, s, balance, sample, device_lanes(devices))
+        # measured where the stages will run (the stages' devices are alike: the first one's)
+        boundaries = choose_boundaries(layers, s, balance, sample, device_lanes(devices), devices[0].physical)
     else:
         boundaries = list(boundaries)
         if len(boundaries) != s - 1 or any(isinstance(b, bool) or not isinstance(b, int) for b in boundaries):

@@ -36,7 +36,9 @@ detached leaf. The backward work back-propagates one stage's graph and hands the
 (the gradient of the stage's input) to the stage before. With ``overlap=False`` the same work
 runs in the caller's thread, one micro-batch after the other: the fair baseline.
 
-:mod:`~gpulab.parallel.pipeline.streams` is the same schedule on CUDA streams.
+:mod:`~gpulab.parallel.pipeline.streams` is the same schedule on CUDA streams (PipelinedModel's on
+GPUs). This one runs on GPUs too (:mod:`~gpulab.parallel.pipeline.step`): each thread waits for its
+device's kernels before it notes the end of a piece of work and hands the result on.
 """
 
 from __future__ import annotations
@@ -226,11 +228,16 @@ class StageThreads:
 
     def _timed(self, sweep: Sweep, p: int, j: int, item: Any) -> Any:
         """Position ``p``'s work on micro-batch ``j``, recorded on the timeline; an error gets a
-        note naming the stage."""
+        note naming the stage. On a GPU the work is waited for before the clock is read (kernels
+        are asynchronous: the call returns once they are launched), so the event times the work
+        and the result is handed on once it exists."""
         s, phase = sweep.order[p], sweep.phases[p]
         start = time.perf_counter() - self.t0
         try:
             result = sweep.works[p](s, j, item)
+            physical = self.devices[s].physical
+            if physical.type == "cuda":
+                torch.cuda.synchronize(physical)  # a CPU-GPU sync point, on purpose
         except BaseException as err:
             raise _noted(err, s, self.devices[s], j, phase) from None
         self.timeline.append(StageEvent(s, j, phase, start, time.perf_counter() - self.t0, self.lanes[s]))

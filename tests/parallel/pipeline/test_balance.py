@@ -1,6 +1,7 @@
 """gpulab.parallel.pipeline.balance: the per-pass cut against a brute force over every cut, and the
 measured phase times against what a training step does (BatchNorm statistics, .grad, the stem's
-input gradient). No test depends on machine speed.
+input gradient). On GPUs on paper (tests/fake_cuda.py): the times are measured where the stages
+will run, and they time the work queued on the GPU, not its launch. No test depends on machine speed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 
 import pytest
 import torch
+from fake_cuda import FakeCuda, Queued
 from torch import nn
 
 from gpulab.devices import logical_devices
@@ -100,7 +102,7 @@ def test_the_first_layer_skips_its_input_gradient_unless_the_sample_needs_one():
 
 def test_time_balance_cuts_by_the_measured_passes(monkeypatch):
     # the measurement replaced by known figures: the per-pass cut is the one taken
-    monkeypatch.setattr(balance, "phase_times", lambda layers, sample: ([7, 1, 2, 1, 3], [2, 2, 4, 2, 6]))
+    monkeypatch.setattr(balance, "phase_times", lambda layers, sample, **kw: ([7, 1, 2, 1, 3], [2, 2, 4, 2, 6]))
     layers = [nn.Linear(2, 2) for _ in range(5)]
     assert choose_boundaries(layers, 2, "time", torch.randn(1, 2)) == [3]
     split = split_model(nn.Sequential(*layers), logical_devices(2, ["cpu"]), balance="time", sample=torch.randn(1, 2))
@@ -146,3 +148,46 @@ def test_phase_times_charge_each_pass_to_its_layer():
     forward, backward = phase_times(layers, torch.randn(3, 4), repeats=1)
     assert forward[1] >= 0.05 and backward[0] >= 0.05
     assert forward[0] < 0.03 and backward[1] < 0.03 and forward[2] < 0.03 and backward[2] < 0.03
+
+
+class _Where(nn.Module):
+    """A linear layer that notes the device of every input it gets (in a class attribute: the
+    measurement may run on a copy of the layer)."""
+
+    seen: list[torch.device] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        _Where.seen.append(x.device)
+        return self.linear(x)
+
+
+def test_time_balance_measures_where_the_stages_will_run():
+    # two GPUs on paper; the model and the sample on the CPU, as a notebook makes them
+    _Where.seen.clear()
+    with FakeCuda(num_gpus=2):
+        layers = [_Where() for _ in range(4)]
+        split = split_model(nn.Sequential(*layers), logical_devices(2), balance="time", sample=torch.randn(3, 4))
+        assert set(_Where.seen) == {torch.device("cuda", 0)}, "measured on the CPU, for stages on GPUs"
+        assert {p.device for p in split.stages[0].parameters()} == {torch.device("cuda", 0)}
+        assert {p.device for p in split.stages[1].parameters()} == {torch.device("cuda", 1)}
+        _Where.seen.clear()
+        on_gpu = [_Where().to("cuda:1") for _ in range(2)]
+        phase_times(on_gpu, torch.randn(3, 4), repeats=1)  # by default, where the layers are
+        assert set(_Where.seen) == {torch.device("cuda", 1)}
+        assert all(p.device == torch.device("cuda", 1) for layer in on_gpu for p in layer.parameters())
+
+
+def test_gpu_times_are_the_work_not_the_launch():
+    # each layer queues known work on the GPU and returns at once, as a kernel launch does: a clock
+    # read without waiting for the GPU charges all of it to whoever waits last
+    costs = [(0.01, 0.06), (0.05, 0.02), (0.02, 0.04)]  # (forward, backward) seconds per layer
+    with FakeCuda(num_gpus=1) as fake:
+        layers = [Queued(fake, f, b).to("cuda:0") for f, b in costs]
+        forward, backward = phase_times(layers, torch.randn(3, 4, device="cuda:0"), repeats=1)
+    for i, ((f, b), f_t, b_t) in enumerate(zip(costs, forward, backward)):
+        assert f_t >= 0.9 * f and b_t >= 0.9 * b, f"layer {i}: measured {f_t:.3f} / {b_t:.3f} s for {f} / {b} s of work"
+    assert backward[0] < costs[0][1] + 0.03  # the first layer is not charged the others' backward

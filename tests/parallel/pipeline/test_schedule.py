@@ -101,7 +101,7 @@ def test_too_many_cuts_falls_back_to_the_per_stage_rule(monkeypatch):
 
 def test_split_model_cuts_interleaved_stages_by_simulation(monkeypatch):
     devices = logical_devices(2, ["cpu"])
-    monkeypatch.setattr(balance, "phase_times", lambda layers, sample: (RESNET_FORWARD, RESNET_BACKWARD))
+    monkeypatch.setattr(balance, "phase_times", lambda layers, sample, **kw: (RESNET_FORWARD, RESNET_BACKWARD))
     model = resnet(18, num_classes=10, width=4)
     sample = torch.randn(2, 3, 32, 32)
     interleaved = split_model(model, devices * 2, balance="time", sample=sample)
