@@ -79,7 +79,8 @@ def scatter_facts(scatter: Callable[..., Any], devices: Sequence[Any], cases: Se
     for rows, cols, n in cases:
         x = torch.randn(rows, cols, generator=g).to(_home(devices)).requires_grad_()
         pieces = list(scatter(x, devices[:n]))
-        sum((i + 1) * p.sum() for i, p in enumerate(pieces)).backward()
+        # each piece's sum is moved to devices[0] before the adding: on GPUs, cuda:1 + cuda:0 raises
+        sum((i + 1) * comm.to(p.sum(), devices[0]) for i, p in enumerate(pieces)).backward()
         facts[f"{rows} rows of {cols} over {n} device(s)"] = {
             "pieces": [p.detach() for p in pieces], "devices": where(pieces), "gradient": x.grad}
     return facts
@@ -107,7 +108,7 @@ def gather_facts(gather: Callable[..., Any], devices: Sequence[Any], cases: Sequ
         with MemoryMeter():  # every new tensor is placed on the device of its inputs
             got = gather(parts, devices[out])
             device = where(got)
-            (got * weights).sum().backward()
+            (got * comm.to(weights, devices[out])).sum().backward()  # the weights go where `got` is
         facts[f"pieces of {sizes} rows of {cols} gathered on devices[{out}]"] = {
             "values": got.detach(), "device": device, "gradients": [p.grad for p in parts],
             "gradient devices": where([p.grad for p in parts])}
