@@ -7,9 +7,13 @@ Three Tune searches over the same sampled configurations (random search draws th
 seed; the other two get them through ``points_to_evaluate``), every trial being
 ``gpulab.hpo.train_classifier`` with a 1 ms wait for each batch (a slightly slow input pipeline):
 
-1. **random search**: every trial runs ``--epochs`` epochs, one CPU (or one GPU) per trial;
+1. **random search**: every trial runs ``--epochs`` epochs, one CPU core per trial, or on a GPU
+   machine one whole GPU per trial;
 2. **ASHA** (``ASHAScheduler``, grace period 1, reduction factor 3) on the same configurations;
 3. **packed**: random search again, two trials per core (``{"cpu": 0.5}``), or four per GPU.
+
+Each search's request comes from ``gpulab.hpo.search_resources`` (as in lab 10), and after each
+search ``check_trial_devices`` confirms that every trial saw the GPUs it was given and no other.
 
 Figures:
 
@@ -40,24 +44,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from gpulab.devices import cuda_device_count  # noqa: E402
-from gpulab.hpo import packed_resources, ray_session, summarize, train_classifier, trial_configs  # noqa: E402
+from gpulab.hpo import (  # noqa: E402
+    check_trial_devices,
+    ray_session,
+    search_resources,
+    summarize,
+    train_classifier,
+    trial_configs,
+)
 from gpulab.hpo.timing import TrialTimer, mean_utilization  # noqa: E402
 from gpulab.monitor import UtilizationMonitor  # noqa: E402
 
 
-def _search(session, trainable, space, name, **tune_kw):
-    """One timed ``tuner.fit()`` under the utilisation monitor."""
+def _search(session, resources, space, name, **tune_kw):
+    """One timed ``tuner.fit()`` of ``train_classifier`` asking Ray for ``resources`` per trial,
+    under the utilisation monitor."""
     from ray import tune
 
     timer = TrialTimer()
-    with UtilizationMonitor(interval=0.2, nvml=cuda_device_count() > 0) as monitor:
+    num_gpus = cuda_device_count()
+    with UtilizationMonitor(interval=0.2, nvml=num_gpus > 0) as monitor:
         t0 = time.perf_counter()
-        results = tune.Tuner(trainable, param_space=space,
+        results = tune.Tuner(tune.with_resources(train_classifier, resources), param_space=space,
                              tune_config=tune.TuneConfig(metric="accuracy", mode="max", reuse_actors=True, **tune_kw),
                              run_config=session.run_config(name=name, callbacks=[timer])).fit()
         summary = summarize(results, time.perf_counter() - t0, name)
     if summary.errors:
         raise RuntimeError(f"{name}: {len(summary.errors)} trial(s) failed: {next(iter(summary.errors.values()))}")
+    check_trial_devices(results, resources, num_gpus)  # each trial saw the GPUs it was given, no other
     window = timer.steady_window
     return results, summary, timer, (mean_utilization(monitor, window), mean_utilization(monitor, window, kind="cpu"))
 
@@ -78,17 +92,17 @@ def main() -> None:
              "io_wait_ms": args.io_wait_ms}
     t_all, load_before = time.perf_counter(), os.getloadavg()[0]
     with ray_session(num_cpus=num_cpus, num_gpus=num_gpus) as session:
+        requests = {name: search_resources(name, num_cpus, num_gpus) for name in ("random", "asha", "packed")}
         rand, rand_s, rand_t, rand_util = _search(
-            session, train_classifier, space, "random", num_samples=args.trials,
+            session, requests["random"], space, "random", num_samples=args.trials,
             search_alg=BasicVariantGenerator(random_state=0))
         configs = list(trial_configs(rand).values())
         _, asha_s, _, _ = _search(
-            session, train_classifier, space, "asha", num_samples=len(configs),
+            session, requests["asha"], space, "asha", num_samples=len(configs),
             search_alg=BasicVariantGenerator(points_to_evaluate=configs),
             scheduler=ASHAScheduler(max_t=args.epochs, grace_period=1, reduction_factor=3))
-        resources = packed_resources(4 if num_gpus else 2, num_cpus, num_gpus)
         _, pack_s, pack_t, pack_util = _search(
-            session, tune.with_resources(train_classifier, resources), space, "packed", num_samples=len(configs),
+            session, requests["packed"], space, "packed", num_samples=len(configs),
             search_alg=BasicVariantGenerator(points_to_evaluate=configs))
         startup_s = session.startup_s
     leftovers = session.leftovers
@@ -114,7 +128,8 @@ def main() -> None:
         "trial_epochs": {"random": rand_s.trial_epochs, "asha": asha_s.trial_epochs, "packed": pack_s.trial_epochs},
         "best_accuracy": {"random": round(rand_s.best_accuracy, 4), "asha": round(asha_s.best_accuracy, 4),
                           "packed": round(pack_s.best_accuracy, 4)},
-        "packed_resources": resources,
+        "packed_resources": requests["packed"],
+        "unpacked_resources": requests["random"],
         "max_concurrent": {"unpacked": rand_t.max_concurrent, "packed": pack_t.max_concurrent},
         "search_cpu_pct": {"unpacked": round(rand_util[0], 1), "packed": round(pack_util[0], 1)},
         "machine_cpu_busy_pct": {"unpacked": round(rand_util[1], 1), "packed": round(pack_util[1], 1)},

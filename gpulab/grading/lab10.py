@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from gpulab.hpo.halving import replay_halving, rung_milestones, successive_halving
 from gpulab.hpo.packing import packed_resources
+from gpulab.hpo.resources import one_per_device, packing_factor
 
 __all__ = ["REFERENCES", "HAND_WORKED", "random_rungs", "promotions", "random_searches", "replays",
            "random_asha_searches", "asha_settings", "asha_settings_of", "asha_run", "asha_runs", "random_machines", "packed_requests",
@@ -283,12 +284,7 @@ def probe_machine() -> tuple[int, int, int]:
         raise RuntimeError("Ray is not running: run the lab's first cell (ray_session) again")
     res = ray.cluster_resources()
     cpus, gpus = int(res.get("CPU", 1)), int(res.get("GPU", 0))
-    return cpus, gpus, 4 if gpus else 2
-
-
-def one_per_device(num_cpus: int, num_gpus: int) -> dict[str, float]:
-    """The unpacked request: Tune's default of one CPU, or one GPU (and up to one CPU) per trial."""
-    return {"gpu": 1.0, "cpu": min(1.0, num_cpus / num_gpus)} if num_gpus else {"cpu": 1.0}
+    return cpus, gpus, packing_factor(gpus)
 
 
 def packed_probe(resources: dict[str, float], seed: int, *, wait_s: float = PROBE_WAIT_S) -> list[int]:

@@ -7,6 +7,8 @@
 - :mod:`gpulab.hpo.halving`: successive halving, the promotion rule inside ASHA, written out
   (:func:`successive_halving`), and a replay of it on finished learning curves.
 - :mod:`gpulab.hpo.packing`: fractional resources that pack several trials onto one device.
+- :mod:`gpulab.hpo.resources`: the request each search of the lab gives Ray (one GPU per trial
+  on a GPU machine, a share when packed), and a check of the GPUs each trial really saw.
 - :mod:`gpulab.hpo.results` and :mod:`gpulab.hpo.plots`: a ``ResultGrid`` as trial-epochs,
   best accuracy, trials per hour, and as plots.
 - :mod:`gpulab.hpo.timing`: ``TrialTimer``, a Tune callback for steady-state throughput, and the
@@ -17,6 +19,14 @@ Importing this package does not import Ray; the session and the trainable import
 
 from gpulab.hpo.halving import HalvingReplay, asha_continues, replay_halving, rung_milestones, successive_halving
 from gpulab.hpo.packing import packed_resources
+from gpulab.hpo.resources import (
+    SEARCHES,
+    check_trial_devices,
+    one_per_device,
+    packing_factor,
+    search_resources,
+    visible_devices,
+)
 from gpulab.hpo.results import (
     SearchSummary,
     best_so_far,
@@ -32,4 +42,5 @@ from gpulab.hpo.trainable import DEFAULTS, TrialCrash, make_data, run_trial, tra
 __all__ = ["ray_session", "RaySession", "ray_processes", "train_classifier", "run_trial", "make_data", "DEFAULTS",
            "TrialCrash", "successive_halving", "asha_continues", "replay_halving", "rung_milestones", "HalvingReplay",
            "learning_curves", "trial_epochs", "trial_configs", "trial_errors", "best_so_far", "summarize",
-           "SearchSummary", "packed_resources"]
+           "SearchSummary", "packed_resources", "search_resources", "one_per_device", "packing_factor", "SEARCHES",
+           "visible_devices", "check_trial_devices"]

@@ -12,6 +12,12 @@ the next. :class:`RaySession` owns that life cycle::
         results = tuner.fit()
     # here: ray.shutdown() ran, every Ray process that this session started has exited (psutil)
 
+Which GPUs a trial sees: Ray sets ``CUDA_VISIBLE_DEVICES`` in a trial's process to the GPUs it
+was given, but Ray 2.60 does so only for a trial given at least one GPU; a trial that asks for
+none still sees them all. The session sets ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1`` (Ray's switch
+for its former behaviour), so such a trial sees none (``CUDA_VISIBLE_DEVICES=""``) and trains on
+the CPU, as its request says (:mod:`gpulab.hpo.resources`).
+
 Where things go: Ray's session files (logs, sockets) and Tune's results live in one temporary
 folder (``$TMPDIR``, so a grading sandbox's own tmp), never ``/tmp/ray`` or ``~/ray_results``,
 and the folder is removed on shutdown. Unix sockets must fit in 107 bytes, so a long ``$TMPDIR``
@@ -38,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from gpulab.hpo.resources import OVERRIDE_ON_ZERO
 
 __all__ = ["RaySession", "ray_session", "ray_processes", "QUIET_ENV"]
 
@@ -146,6 +154,9 @@ class RaySession:
                                "shutdown()) before starting a new session")
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
+        # a trial given no GPU must not see any (Ray 2.60 leaves them visible): the raylet and its
+        # workers inherit this process's environment; a cluster's workers get it with the job
+        os.environ[OVERRIDE_ON_ZERO] = "1"
         if self.quiet:
             for name in ("ray", "ray.tune", "ray.train", "ray.data"):
                 logging.getLogger(name).setLevel(logging.ERROR)
@@ -158,6 +169,8 @@ class RaySession:
                           object_store_memory=self.object_store_mb * 2**20)
             if self.num_gpus is not None:
                 kwargs["num_gpus"] = self.num_gpus
+        else:  # the cluster's workers were not started from here: the job carries the variable
+            kwargs["runtime_env"] = {"env_vars": {OVERRIDE_ON_ZERO: "1"}}
         t0 = time.perf_counter()
         for attempt in range(1, _START_ATTEMPTS + 1):
             atexit.register(self.shutdown)

@@ -39,6 +39,7 @@ from torch import nn
 
 from gpulab.data.synthetic import SyntheticImages
 from gpulab.devices import default_device
+from gpulab.hpo.resources import visible_devices
 from gpulab.models import MLP
 
 __all__ = ["DEFAULTS", "SearchData", "make_data", "run_trial", "train_classifier", "TrialCrash"]
@@ -163,11 +164,16 @@ def train_classifier(config: dict[str, Any]) -> None:
     epoch, and continuing from Tune's checkpoint when the trial is restored.
 
     Runs in a Ray worker process; it uses one torch thread, so that a trial given one CPU
-    (or half of one) does not spread over every core.
+    (or half of one) does not spread over every core. It trains on the first GPU it can see, else
+    the CPU, and reports with its metrics where it trained (``device``) and which GPUs it could
+    see (:func:`gpulab.hpo.resources.visible_devices`), for
+    :func:`~gpulab.hpo.resources.check_trial_devices` to compare with its resource request.
     """
     from ray import tune
 
     torch.set_num_threads(1)
+    device = default_device()  # Ray has set CUDA_VISIBLE_DEVICES to the GPUs this trial was given
+    seen = {"device": str(device), **visible_devices()}
     state = None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
@@ -177,6 +183,6 @@ def train_classifier(config: dict[str, Any]) -> None:
     def report(metrics: dict[str, float], trial_state: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as folder:
             torch.save(trial_state, os.path.join(folder, "state.pt"))
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+            tune.report({**metrics, **seen}, checkpoint=tune.Checkpoint.from_directory(folder))
 
-    run_trial(config, report, state)
+    run_trial(config, report, state, device=device)

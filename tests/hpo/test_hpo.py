@@ -3,7 +3,9 @@
 The rule is checked on hand-worked cases and against Ray Tune's own ASHA bracket; the trainable
 against itself run in one piece; the Ray tests run real (tiny) Tune searches and then look with
 psutil for any raylet, GCS or worker left behind. One Ray start costs several seconds here, so
-the Tune searches share one session (module fixture) and the last test shuts it down.
+the Tune searches share one session (module fixture) and the last test shuts it down. That
+session tells Ray it has 2 GPUs: there are none, but Ray hands out their ids all the same, which
+is what decides the GPUs a trial can see.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gpulab.grading import lab10 as grading_lab10
 from gpulab.hpo import (
     HalvingReplay,
     asha_continues,
+    check_trial_devices,
     learning_curves,
     packed_resources,
     ray_processes,
@@ -172,7 +175,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def session():
-    with ray_session(num_cpus=2) as s:
+    with ray_session(num_cpus=2, num_gpus=2) as s:  # 2 GPUs only in Ray's bookkeeping
         yield s
 
 
@@ -232,6 +235,30 @@ def test_a_time_limit_stops_the_search_cleanly(session):
     assert results.num_errors == 0
     assert all(r.metrics.get("training_iteration", 0) < 100 for r in results)
     ray.get(ray.remote(lambda: 1).remote())  # Ray still works after the stop
+
+
+@pytest.mark.timeout(300)
+def test_a_trial_sees_exactly_the_gpus_it_asked_for(session):
+    """Asking for no GPU, a trial sees none (Ray 2.60 alone would leave every GPU visible to it);
+    asking for a whole GPU or a share of one, it sees exactly one: CUDA_VISIBLE_DEVICES, read inside
+    the trial by train_classifier, as lab 10's check_trial_devices compares it with the request."""
+    assert session.resources()["GPU"] == 2
+    # one trial per request; the trial's seed picks its request (tune.with_resources takes a callable)
+    requests = {0: {"cpu": 1.0}, 1: {"cpu": 1.0, "gpu": 1.0}, 2: {"cpu": 1.0, "gpu": 0.5}}
+    trainable = tune.with_resources(train_classifier, lambda config: tune.PlacementGroupFactory(
+        [{key.upper(): value for key, value in requests[config["seed"]].items()}]))
+    space = {"lr": 0.05, "width": 8, "epochs": 1, "seed": tune.grid_search(sorted(requests))}
+    results = tune.Tuner(trainable, param_space=space, run_config=session.run_config(),
+                         tune_config=tune.TuneConfig(metric="accuracy", mode="max", reuse_actors=False)).fit()
+    assert results.num_errors == 0
+    seen = {r.config["seed"]: r.metrics["cuda_visible_devices"] for r in results}
+    assert seen[0] == ""  # no GPU given: every GPU hidden
+    assert seen[1] in ("0", "1") and seen[2] in ("0", "1")  # one GPU id each
+    assert all(r.metrics["device"] == "cpu" and r.metrics["cuda_devices"] == 0 for r in results)  # a CPU build
+    for r in results:
+        assert check_trial_devices([r], requests[r.config["seed"]], num_gpus=2)
+    with pytest.raises(RuntimeError, match="asked Ray for .* but it saw 1"):  # a GPU it was not given
+        check_trial_devices([r for r in results if r.config["seed"] == 1], {"cpu": 1.0}, num_gpus=2)
 
 
 def test_shutdown_leaves_no_ray_process(session):
