@@ -6,10 +6,15 @@ the notebook pipeline tests, the layout test and the shared fixtures stay at thi
 
 Markers (see pyproject.toml): ``gpu`` and ``multigpu`` tests are skipped where torch cannot see
 enough CUDA devices; ``notebook`` marks the slow end-to-end lab runs (``make test-fast`` skips them).
+
+``--shuffle SEED`` runs the collected tests in an order drawn from SEED (``make gpu-check`` runs the
+GPU tests once in file order and once shuffled): a test that passes alone but fails after another
+one (CUDA initialised earlier, so ranks are spawned; memory an earlier test kept) shows up.
 """
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -21,7 +26,15 @@ COURSE = REPO / "notebooks"
 LAB_TIMINGS: dict[str, dict[str, float]] = {}
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the tests in a random order drawn from SEED (order-dependence check)")
+
+
 def pytest_collection_modifyitems(config, items):
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        random.Random(seed).shuffle(items)
     gpus = cuda_device_count()
     for item in items:
         if "gpu" in item.keywords and gpus < 1:

@@ -49,3 +49,13 @@ def test_a_run_stamps_each_result_and_logs_every_step(tmp_path) -> None:
     log = (tmp_path / "gpu-check-nvidia-h100-80gb-hbm3-x2.log").read_text()
     assert "NVIDIA H100 80GB HBM3" in log and "driver 570.86.15" in log and "torch 2.13.0+cu128" in log
     assert "broken" in log and "FAIL a failing step" in log and "ok   benchmark toy" in log
+
+
+def test_shuffle_runs_the_tests_in_another_order_drawn_from_its_seed() -> None:
+    def order(*extra: str) -> list[str]:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               "tests/devices/test_machine.py", *extra], cwd=REPO, capture_output=True, text=True, timeout=120)
+        return [line for line in proc.stdout.splitlines() if "::" in line]
+
+    plain, shuffled = order(), order("--shuffle", "7")
+    assert sorted(plain) == sorted(shuffled) and plain != shuffled and shuffled == order("--shuffle", "7")

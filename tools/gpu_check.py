@@ -3,7 +3,8 @@
     make gpu-check TORCH_INDEX=https://download.pytorch.org/whl/cu128   # or, in a ready environment:
     python tools/gpu_check.py [--skip-labs] [--skip-bench] [--dry-run]
 
-1. every GPU-marked test (``pytest -m "gpu or multigpu"``);
+1. every GPU-marked test (``pytest -m "gpu or multigpu"``), in file order and again shuffled
+   (``--shuffle SEED``, tests/conftest.py): every GPU test must pass in any order;
 2. labs 02, 06, 07, 08, 09 and 10 end to end as ``make grade`` grades them (tools/gradelab.py): the
    source notebook must score full marks and the release copy zero;
 3. every benchmark but the grading one (a CPU cost), each result saved as
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import random
 import re
 import subprocess
 import sys
@@ -63,8 +65,12 @@ def tag(facts: dict) -> str:
 
 def plan(skip_labs: bool = False, skip_bench: bool = False) -> list[tuple[str, list[str] | str]]:
     """(name, command) for every step: a command line, or ``lab:<id>`` for a lab graded in-process."""
+    tests = [sys.executable, "-m", "pytest", "-m", "gpu or multigpu", "-q", "-p", "no:cacheprovider"]
+    seed = random.randrange(10**6)
     steps: list[tuple[str, list[str] | str]] = [
-        ("GPU-marked tests", [sys.executable, "-m", "pytest", "-m", "gpu or multigpu", "-q", "-p", "no:cacheprovider"])]
+        ("GPU-marked tests", tests),
+        # the same tests in another order: one that passes alone but not after another shows up
+        (f"GPU-marked tests, shuffled (seed {seed})", [*tests, "--shuffle", str(seed)])]
     if not skip_labs:
         steps += [(f"lab {lab}", f"lab:{lab}") for lab in LABS]
     if not skip_bench:

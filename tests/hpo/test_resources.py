@@ -145,3 +145,25 @@ def test_every_search_of_lab10_asks_ray_for_its_devices(machine):
     """The lab's five Tune searches, read from its source notebook, on machines of 0, 1 and 4 GPUs."""
     cpus, gpus = machine
     assert notebook_requests(cpus, gpus) == EXPECTED[machine]
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_a_baseline_trial_trains_on_its_own_gpu_and_a_packed_one_shares_it():
+    """Ray with the machine's GPUs: the random search's trial (one GPU) and the packed search's
+    trials (a quarter each) train on cuda:0 and see exactly one GPU; check_trial_devices agrees."""
+    from ray import tune
+
+    from gpulab.devices import cuda_device_count
+    from gpulab.hpo import ray_session, search_resources, train_classifier
+
+    gpus = cuda_device_count()
+    with ray_session(num_cpus=4, num_gpus=gpus) as session:
+        for search, trials in (("random", 1), ("packed", 4)):
+            request = search_resources(search, 4, gpus)
+            space = {"lr": 0.05, "width": 8, "epochs": 1, "seed": tune.grid_search(list(range(trials)))}
+            results = tune.Tuner(tune.with_resources(train_classifier, request), param_space=space,
+                                 run_config=session.run_config(),
+                                 tune_config=tune.TuneConfig(metric="accuracy", mode="max")).fit()
+            assert results.num_errors == 0
+            assert all(r.metrics["device"].startswith("cuda") and r.metrics["cuda_devices"] == 1 for r in results)
+            check_trial_devices(results, request, num_gpus=gpus)
