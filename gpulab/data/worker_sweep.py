@@ -11,11 +11,12 @@ it: the same measurement over more settings, with a table, a plot and a search.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterable, Mapping
 
 import torch
 from torch.utils.data import DataLoader
+
+from gpulab.data.workers import measure_loader
 
 __all__ = ["sweep_workers", "pick_workers"]
 
@@ -41,13 +42,7 @@ def sweep_workers(dataset: Any, worker_counts: Iterable[int], *, batch_size: int
     for k in worker_counts:
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=k, persistent_workers=k > 0,
                             generator=torch.Generator().manual_seed(seed))
-        samples, start = 0, time.perf_counter()
-        for _ in range(epochs):
-            for i, (inputs, _labels) in enumerate(loader):
-                samples += len(inputs)
-                if i + 1 == num_batches:
-                    break
-        rates[int(k)] = samples / (time.perf_counter() - start)
+        rates[int(k)] = measure_loader(loader, num_batches=num_batches, epochs=epochs)["samples_per_s"]
         del loader  # its persistent workers exit with it, before the next count starts its own
     return rates
 

@@ -40,11 +40,11 @@ from gpulab.data.pipelines import PipelineSetup, tuned_pipeline
 from gpulab.data.synthetic import SyntheticImages
 from gpulab.data.transfer import normalize_on_host, record_moves, to_device_normalize
 from gpulab.data.worker_sweep import pick_workers, sweep_workers
-from gpulab.data.workers import make_loader
+from gpulab.data.workers import make_loader, measure_loader
 from gpulab.devices.batches import tree_tensors
 
-__all__ = ["REFERENCES", "outcome", "WorkerCensus", "observe_sweep", "pick_cases", "loader_epoch", "observe_echo", "echo_cases", "observe_echo_loader", "bad_factors", "observe_cache",
-           "reference_cache", "normalize_cases", "observe_normalize", "canonical_digests", "PipelineRecorder",
+__all__ = ["REFERENCES", "outcome", "WorkerCensus", "observe_sweep", "pick_cases", "loader_epoch", "observe_echo",
+           "echo_cases", "observe_echo_loader", "bad_factors", "observe_cache", "reference_cache", "normalize_cases", "observe_normalize", "canonical_digests", "PipelineRecorder",
            "run_epoch", "device_only", "probe_pipeline", "timed_setup", "PAD"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
@@ -145,12 +145,7 @@ def loader_epoch(dataset: Any, num_workers: int, batch_size: int, num_batches: i
     def work(seed: int) -> int:
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
                                              generator=torch.Generator().manual_seed(seed))
-        samples = 0
-        for i, (inputs, _labels) in enumerate(loader):
-            samples += len(inputs)
-            if i + 1 == num_batches:
-                break
-        return samples
+        return measure_loader(loader, num_batches=num_batches)["samples"]
     return work
 
 

@@ -24,19 +24,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
-import time
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
-from gpulab.devices.physical import synchronize_all
 from gpulab.models import MLP
 from gpulab.parallel import BucketedDDP, NaiveDDP, allreduce_gradients, bucket_assignment, launch, rank_device
 from gpulab.parallel.ddp.accumulation import accumulation_step, count_collectives
 from gpulab.parallel.ddp.sharded import ShardedOptimizer, _assign, balanced_owners
 from gpulab.parallel.ddp.sharding_runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
 from gpulab.parallel.ddp.state_bytes import optimizer_state_bytes
+from gpulab.profiling.interleave import timed_call
 
 __all__ = ["REFERENCES", "TiedMLP", "random_partition_cases", "balanced_owners", "run_zero1", "reference_zero1",
            "single_process_params", "zero1_tolerance", "bytes_config", "bytes_case", "measure_zero1_bytes", "reference_zero1_bytes",
@@ -264,13 +263,10 @@ def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_s
     for step in range(warmup + num_steps):
         for run in runs:  # interleaved, so machine load hits every variant alike
             torch.distributed.barrier()
-            synchronize_all()
-            t0 = time.perf_counter()
-            with count_collectives() as calls:
-                run["fn"](run["model"], run["opt"], micro, nn.functional.cross_entropy)
-            synchronize_all()  # on a GPU the step's kernels, not only their launch
+            with count_collectives() as calls:  # timed_call: on a GPU the step's kernels, not only their launch
+                wall, _ = timed_call(lambda run=run: run["fn"](run["model"], run["opt"], micro, nn.functional.cross_entropy))
             if step >= warmup:  # the first steps set up gloo's buffers: neither timed nor counted
-                run["times"].append(time.perf_counter() - t0)
+                run["times"].append(wall)
                 run["calls"] += calls["all_reduce"]
     return {run["name"]: {"all_reduce_per_step": run["calls"] / num_steps, "per_sync": run["per_sync"],
                           "step_s": run["times"],

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import random
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpulab.devices.physical import synchronize_all
 from gpulab.grading import evidence, judge
 from gpulab.grading.checks import GradingError
+from gpulab.profiling.interleave import timed_call
 
 __all__ = ["check_speedup", "SpeedupReport"]
 
@@ -75,11 +74,7 @@ class TimedByGrader:
 
 
 def _time(work: Work, seed: int) -> tuple[float, float]:
-    synchronize_all()
-    c0, t0 = time.process_time(), time.perf_counter()
-    work(seed)
-    synchronize_all()  # queued GPU work counts
-    return time.perf_counter() - t0, time.process_time() - c0
+    return timed_call(lambda: work(seed))
 
 
 def check_speedup(candidate: Work, baseline: Work, *, what: str, at_least: float, repeats: int = 3,

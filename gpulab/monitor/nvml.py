@@ -74,13 +74,11 @@ def _read(nv: Any, name: str, *args: Any) -> Any:
 def _temperature(nv: Any, h: Any) -> float | None:
     """The GPU's temperature in °C: ``nvmlDeviceGetTemperatureV`` (drivers R565 and later; the
     older ``nvmlDeviceGetTemperature`` is deprecated), else the older call."""
-    getter = getattr(nv, "nvmlDeviceGetTemperatureV", None)
-    if getter is not None:
-        value = _read(nv, "nvmlDeviceGetTemperatureV", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
-        if value is not None:
-            return float(getattr(value, "temperature", value))
-    value = _read(nv, "nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
-    return None if value is None else float(value)
+    sensor = getattr(nv, "NVML_TEMPERATURE_GPU", 0)
+    value = _read(nv, "nvmlDeviceGetTemperatureV", h, sensor)  # None where the binding lacks it
+    if value is None:
+        value = _read(nv, "nvmlDeviceGetTemperature", h, sensor)
+    return None if value is None else float(getattr(value, "temperature", value))
 
 
 class NvmlReader:
@@ -94,6 +92,7 @@ class NvmlReader:
         self.error: str | None = None
         self._handles: list = []
         self._cuda: list[int] = []  # the cuda index of each handle
+        self.nvml_indices: list[int] = []  # NVML's number of each handle (it differs under CUDA_VISIBLE_DEVICES)
         self.skipped: list[str] = []
         self._nvml = None
         opened = open_nvml()
@@ -102,7 +101,6 @@ class NvmlReader:
             return
         pynvml = opened.nvml
         self._nvml = pynvml
-        self.nvml_indices: list[int] = []  # NVML's number of each GPU read, whose cuda index is its position
         try:
             for cuda, index in visible_gpus(pynvml):
                 if index is None:  # a MIG instance: no whole-GPU utilisation to read

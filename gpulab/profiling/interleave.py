@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from gpulab.devices.physical import synchronize_all
 
-__all__ = ["Timings", "time_interleaved", "SpeedComparison", "compare_speed"]
+__all__ = ["Timings", "timed_call", "time_interleaved", "SpeedComparison", "compare_speed"]
 
 
 @dataclass
@@ -44,6 +44,16 @@ class Timings:
         width = max(len(n) for n in self.wall)
         return "\n".join(f"{n:<{width}}  {self.median(n) * 1e3:8.1f} ms   {self.cores(n):.2f} cores"
                          for n in self.wall)
+
+
+def timed_call(fn: Callable[[], Any]) -> tuple[float, float]:
+    """``(wall, cpu)`` seconds of one ``fn()``, the GPU work it queued included: every GPU in use is
+    synchronised before the clocks start (earlier work is not this call's) and before they stop."""
+    synchronize_all()
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    synchronize_all()
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def time_interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int = 5, warmup: int = 1,
@@ -77,13 +87,9 @@ def time_interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int = 5
         for name in names[r % len(names):] + names[:r % len(names)]:  # rotate who goes first
             if before_each is not None:
                 before_each()
-            synchronize_all()  # the previous variant's queued GPU work is not this one's
-            c0, t0 = time.process_time(), time.perf_counter()
-            variants[name]()
-            synchronize_all()  # the work, not only its launch
-            t1, c1 = time.perf_counter(), time.process_time()
-            out.wall[name].append(t1 - t0)
-            out.cpu[name].append(c1 - c0)
+            wall, cpu = timed_call(variants[name])
+            out.wall[name].append(wall)
+            out.cpu[name].append(cpu)
     return out
 
 
