@@ -59,3 +59,15 @@ def test_shuffle_runs_the_tests_in_another_order_drawn_from_its_seed() -> None:
 
     plain, shuffled = order(), order("--shuffle", "7")
     assert sorted(plain) == sorted(shuffled) and plain != shuffled and shuffled == order("--shuffle", "7")
+
+
+@pytest.mark.timeout(300)
+def test_a_lab_step_passes_when_the_source_gets_its_auto_marks_and_the_release_zero() -> None:
+    """The lab step grades as make grade does (here on the CPU): lab 04's written answer (2 points) is left to
+    the instructor, so full auto marks are the maximum less those points, and the course copy goes."""
+    import tempfile
+
+    rc, text = gpu_check._grade("04_dataparallel")
+    assert rc == 0, text
+    assert "solution" in text and "student   0/" in text
+    assert not list(Path(tempfile.gettempdir()).glob("gpu-check-04_dataparallel-*"))

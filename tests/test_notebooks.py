@@ -60,12 +60,9 @@ def _errors(nb_path: Path) -> list[tuple[int, str, str]]:
 
 def _manual_points(course: Path, lab: str, student: str) -> float:
     """Points of the cells that autograde leaves to the instructor (written answers)."""
-    from nbgrader.api import Gradebook
+    from gpulab.course.gradebook import manual_points
 
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id="") as gb:
-        sub = gb.find_submission(lab, student)
-        return float(sum(g.max_score for nb in sub.notebooks for g in nb.grades
-                         if g.auto_score is None and g.manual_score is None))
+    return manual_points(course, lab, student)
 
 
 def _confusing_failures(nb_path: Path) -> list[tuple[int, str, str]]:

@@ -82,9 +82,14 @@ def plan(skip_labs: bool = False, skip_bench: bool = False) -> list[tuple[str, l
 def _grade(lab: str) -> tuple[int, str]:
     from gradelab import grade_lab
 
-    rows, took = grade_lab(lab, Path(tempfile.mkdtemp(prefix=f"gpu-check-{lab}-")))
+    from gpulab.course.gradebook import manual_points
+
+    with tempfile.TemporaryDirectory(prefix=f"gpu-check-{lab}-", ignore_cleanup_errors=True) as tmp:  # removed after
+        root = Path(tmp) / "course"
+        rows, took = grade_lab(lab, root)
+        manual = manual_points(root, lab, "solution")  # written answers: the instructor's, not the autograder's
     got = {r.student: (r.score, r.max_score, r.notes) for r in rows}
-    ok = got["solution"][0] == got["solution"][1] and got["student"][0] == 0
+    ok = got["solution"][0] == got["solution"][1] - manual and got["student"][0] == 0
     lines = [f"{s:9} {score:g}/{top:g} {notes}" for s, (score, top, notes) in got.items()]
     return (0 if ok else 1), "\n".join(lines + [f"graded in {took:.0f} s"])
 

@@ -150,6 +150,15 @@ def _waiting(sub: object) -> tuple[float, float]:
     return written, other
 
 
+def manual_points(course: Path, lab: str, student: str) -> float:
+    """Points of one submission that no autograder gives and nobody has graded yet (written answers
+    and other manually graded cells): a source notebook's full auto marks are max_score less these."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(db_url(course), course_id="") as gb:
+        return float(sum(_waiting(gb.find_submission(lab, students.alias(student)))))
+
+
 def scores(course: Path, lab: str, student: str) -> tuple[float, float]:
     """(score, max_score) of one submission in the course gradebook (``student``: the id in submitted/)."""
     from nbgrader.api import Gradebook
