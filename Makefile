@@ -38,10 +38,10 @@ PORT    ?= 8888
 INSTRUCTOR ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup lab test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean
+.PHONY: help setup lock setup-browser lab test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 setup: $(STAMP)  ## create .venv/ and install everything (quick when already done)
 
@@ -60,11 +60,31 @@ $(TORCH_STAMP): | $(PY)
 	@rm -f "$(VENV)"/.torch-from-*
 	@touch "$@"
 
-$(STAMP): pyproject.toml constraints.txt $(TORCH_STAMP)
-	"$(PY)" -m pip install --quiet -c constraints.txt -e ".[course,test]"
+# Everything but torch comes from requirements.lock: every package pinned, with its hashes (make lock
+# refreshes it). torch's own dependencies are in the lock; on a CUDA build, its CUDA libraries come
+# from TORCH_INDEX in the third step (on the CPU build that step finds everything there already).
+$(STAMP): pyproject.toml constraints.txt requirements.lock $(TORCH_STAMP)
+	"$(PY)" -m pip install --quiet --require-hashes --no-deps -r requirements.lock
+	"$(PY)" -m pip install --quiet --no-deps --no-build-isolation -e .
+	"$(PY)" -m pip install --quiet -c constraints.txt torch --index-url "$(TORCH_INDEX)"
+	"$(PY)" -m pip check
 	@"$(PY)" -c 'import torch; b = torch.version.cuda; print("torch", torch.__version__, "(CUDA " + b + ")" if b else "(CPU build)")'
 	@touch "$@"
 	@echo "environment ready: $(VENV) ($$(du -sh "$(VENV)" | cut -f1) on disk)"
+
+# The lock: pyproject's extras resolved for Python 3.11 on every platform (uv's --universal), with
+# hashes. torch and its CUDA-only wheels are left out: they come from TORCH_INDEX (see above).
+LOCK_EXTRAS := course search browser test
+LOCK_SKIP   := torch triton cuda-bindings cuda-pathfinder cuda-toolkit nvidia-cublas nvidia-cuda-cupti \
+	nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand \
+	nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvjitlink \
+	nvidia-nvshmem-cu13 nvidia-nvtx
+lock: | $(PY)  ## re-resolve requirements.lock from pyproject.toml + constraints.txt (every pin, with hashes)
+	"$(PY)" -m pip install --quiet "uv>=0.9,<1"
+	"$(VENV)/bin/uv" pip compile pyproject.toml $(addprefix --extra ,$(LOCK_EXTRAS)) -c constraints.txt \
+		--python-version 3.11 --universal --generate-hashes $(addprefix --no-emit-package ,$(LOCK_SKIP)) \
+		--custom-compile-command "make lock" --quiet -o requirements.lock
+	@echo "requirements.lock: $$(grep -c '^[a-z0-9]' requirements.lock) pinned packages"
 
 lab: setup  ## release changed labs, copy new ones into work/, start JupyterLab (PORT=, INSTRUCTOR=1)
 	"$(PY)" -m gpulab.course.lab --course "$(COURSE)" --work "$(WORK)" --port $(PORT) $(if $(INSTRUCTOR),--instructor)
@@ -78,14 +98,20 @@ test-fast: setup  ## the unit tests only (no notebook pipeline)
 lint: setup  ## ruff over the package, tests, benchmarks and tools (config in pyproject.toml)
 	"$(PY)" -m ruff check gpulab tests benchmarks tools
 
-# Playwright from PyPI drives the system's Chromium (Debian's package): Playwright's own browser
-# download is not possible everywhere. Both are installed here when missing (CI: a fresh machine, root).
+# Playwright (from requirements.lock) drives the system's Chromium: Playwright's own browser download
+# is not possible everywhere. make setup-browser installs Debian's package, explicitly (CI calls it
+# first); make test-browser installs nothing and names what is missing.
 CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || echo /usr/bin/chromium)
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
+setup-browser: setup  ## install Chromium for make test-browser (Debian/Ubuntu: apt, as root or with sudo)
+	@if [ -x "$(CHROMIUM)" ]; then echo "chromium: $(CHROMIUM) ($$("$(CHROMIUM)" --version 2>/dev/null))"; \
+	elif command -v apt-get >/dev/null; then echo "installing chromium (apt)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; \
+	else echo "no apt-get here: install Chromium with your system's package manager, then make test-browser CHROMIUM=/path/to/chromium" >&2; exit 1; fi
+
 test-browser: setup  ## JupyterLab as `make lab` starts it, driven in headless Chromium; screenshots in test-artifacts/browser/
-	@"$(PY)" -c "import playwright.sync_api" 2>/dev/null || "$(PY)" -m pip install --quiet "playwright>=1.40"
-	@if [ ! -x "$(CHROMIUM)" ]; then echo "installing chromium (apt)"; \
-		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; fi
+	@[ -x "$(CHROMIUM)" ] || { echo "no Chromium at $(CHROMIUM): run make setup-browser (or give CHROMIUM=/path/to/chromium)" >&2; exit 1; }
+	@"$(PY)" -c "import playwright.sync_api" 2>/dev/null || { echo "Playwright is missing from $(VENV): run make setup" >&2; exit 1; }
 	CHROMIUM="$(CHROMIUM)" "$(PY)" -m pytest tests/browser/browser_lab.py -v -p no:cacheprovider $(PYTEST_ARGS)
 
 release: setup  ## nbgrader generate_assignment for every lab (notebooks/release)

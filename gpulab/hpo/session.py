@@ -41,13 +41,14 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import psutil
 
 from gpulab.hpo.resources import OVERRIDE_ON_ZERO
 
-__all__ = ["RaySession", "ray_session", "ray_processes", "QUIET_ENV"]
+__all__ = ["RaySession", "ray_session", "ray_processes", "import_ray", "QUIET_ENV"]
 
 # Environment for a quiet, offline Ray: no usage-stats upload (there is no network in a grading
 # sandbox), Tune's classic reporter (which honours verbose=0), no warning about checkpoint syncs.
@@ -75,6 +76,18 @@ def _is_ray(proc: psutil.Process) -> bool:
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
     return cmd.startswith("ray::") or any(m in cmd for m in _RAY_CMD_MARKS)
+
+
+def import_ray() -> ModuleType:
+    """``import ray`` (and check Tune and Optuna are there), with the fix named when they are not."""
+    try:
+        import optuna  # noqa: F401 - only checked
+        import ray
+        import ray.tune  # noqa: F401 - only checked
+    except ImportError as err:
+        raise ImportError(f"lab 10 needs Ray Tune and Optuna, which are not installed ({err}). Run `make setup`, "
+                          "which installs them, or `pip install -e '.[search]'`") from None
+    return ray
 
 
 def ray_processes(root_pid: int | None = None) -> list[psutil.Process]:
@@ -146,8 +159,9 @@ class RaySession:
 
         Raises:
             RuntimeError: if Ray is already initialised in this process (shut it down first).
+            ImportError: Ray Tune or Optuna is not installed (the ``search`` extra; it names the fix).
         """
-        import ray
+        ray = import_ray()
 
         if ray.is_initialized():
             raise RuntimeError("Ray is already running in this process; call ray.shutdown() (or the other session's "
