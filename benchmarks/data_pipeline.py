@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpulab.accel import pick_accelerator  # noqa: E402
-from gpulab.data.crossing import sample_fingerprints  # noqa: E402
-from gpulab.data.pipelines import baseline_pipeline, calibrate, tuned_pipeline, use_one_thread_if_simulated  # noqa: E402
-from gpulab.data.synthetic import StallingReads  # noqa: E402
-from gpulab.data.workers import LoaderWarning, make_loader, measure_loader  # noqa: E402
-from gpulab.profiling import profile_loop  # noqa: E402
+from gpulab.accel import pick_accelerator
+from gpulab.data.crossing import sample_fingerprints
+from gpulab.data.pipelines import baseline_pipeline, calibrate, tuned_pipeline, use_one_thread_if_simulated
+from gpulab.data.synthetic import StallingReads
+from gpulab.data.workers import LoaderWarning, make_loader, measure_loader
+from gpulab.profiling import profile_loop
 
 
 def prefetch_figures(repeats: int) -> dict:

@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch._dynamo  # noqa: E402,F401 - torch DDP imports it lazily: once here, not in every rank
+import torch
+import torch._dynamo  # torch DDP imports it lazily: once here, not in every rank
 
-from gpulab.parallel import StepTimingConfig, launch, resolve_backend, summarize_step_times, time_sync_strategies  # noqa: E402
+from gpulab.parallel import StepTimingConfig, launch, resolve_backend, summarize_step_times, time_sync_strategies
 
 
 def main() -> None:

@@ -38,10 +38,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpulab.data.chunk_cache import time_reads  # noqa: E402
-from gpulab.data.hdf5 import ChunkShuffleSampler, H5Dataset, make_images, measure_chunk_cache, suggest_chunks, write_h5  # noqa: E402
-from gpulab.data.preemption import heap_in_use, hot_and_stream_order  # noqa: E402
-from gpulab.profiling.interleave import time_interleaved  # noqa: E402
+from gpulab.data.chunk_cache import time_reads
+from gpulab.data.hdf5 import ChunkShuffleSampler, H5Dataset, make_images, measure_chunk_cache, suggest_chunks, write_h5
+from gpulab.data.preemption import heap_in_use, hot_and_stream_order
+from gpulab.profiling.interleave import time_interleaved
 
 MiB = 1 << 20
 N, SHAPE = 2048, (3, 64, 64)

@@ -41,10 +41,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from gpulab.devices import cuda_device_count  # noqa: E402
-from gpulab.hpo import (  # noqa: E402
+from gpulab.devices import cuda_device_count
+from gpulab.hpo import (
     check_trial_devices,
     ray_session,
     search_resources,
@@ -52,8 +52,8 @@ from gpulab.hpo import (  # noqa: E402
     train_classifier,
     trial_configs,
 )
-from gpulab.hpo.timing import TrialTimer, mean_utilization  # noqa: E402
-from gpulab.monitor import UtilizationMonitor  # noqa: E402
+from gpulab.hpo.timing import TrialTimer, mean_utilization
+from gpulab.monitor import UtilizationMonitor
 
 
 def _search(session, resources, space, name, **tune_kw):

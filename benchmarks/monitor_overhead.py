@@ -26,9 +26,9 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpulab.accel import SimAccelerator  # noqa: E402
-from gpulab.monitor import UtilizationMonitor  # noqa: E402
-from gpulab.monitor.nvml import NvmlReader  # noqa: E402
+from gpulab.accel import SimAccelerator
+from gpulab.monitor import UtilizationMonitor
+from gpulab.monitor.nvml import NvmlReader
 
 
 def _thread_cpu(native_id: int) -> float:
@@ -43,7 +43,7 @@ def measure(seconds: float, interval: float, include_children: bool) -> dict:
     acc.compute(seconds * 2)  # a simulated device to sample as well
     mon = UtilizationMonitor(interval=interval, accelerators=[acc], include_children=include_children)
     mon.start()
-    native = mon._thread.native_id  # noqa: SLF001 - the benchmark reads the thread's own counters
+    native = mon._thread.native_id  # the benchmark reads the thread's own counters
     cpu0, t0 = _thread_cpu(native), time.perf_counter()
     time.sleep(seconds)
     cpu1, t1 = _thread_cpu(native), time.perf_counter()
@@ -51,17 +51,17 @@ def measure(seconds: float, interval: float, include_children: bool) -> dict:
     mon.stop()
     cpu = cpu1 - cpu0
     # the same work, timed precisely in this thread: 200 samples
-    mon._prime()  # noqa: SLF001
-    mon._nvml = NvmlReader() if mon.status.startswith("NVML") else None  # noqa: SLF001
+    mon._prime()
+    mon._nvml = NvmlReader() if mon.status.startswith("NVML") else None
     chunks = []
     for _ in range(5):  # median of 5 x 40 samples: a garbage collection pass lands in one chunk only
         c0 = time.thread_time()
         for _ in range(40):
-            mon._take()  # noqa: SLF001
+            mon._take()
         chunks.append((time.thread_time() - c0) / 40)
     per_sample = statistics.median(chunks)
-    if mon._nvml is not None:  # noqa: SLF001
-        mon._nvml.close()  # noqa: SLF001
+    if mon._nvml is not None:
+        mon._nvml.close()
     return {"percent_of_one_core": 100 * cpu / (t1 - t0), "ms_per_sample": 1e3 * per_sample,
             "percent_direct": 100 * per_sample / interval,
             "samples": n, "nvml": mon.status.startswith("NVML"), "status": mon.status}

@@ -29,12 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from gpulab.grading.lab09 import run_accumulation  # noqa: E402
-from gpulab.parallel import launch, resolve_backend  # noqa: E402
-from gpulab.parallel.ddp.accumulation import accumulation_step  # noqa: E402
-from gpulab.parallel.ddp.sharding_runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding  # noqa: E402
+from gpulab.grading.lab09 import run_accumulation
+from gpulab.parallel import launch, resolve_backend
+from gpulab.parallel.ddp.accumulation import accumulation_step
+from gpulab.parallel.ddp.sharding_runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
 
 MICRO_BATCHES = 4
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch._dynamo  # noqa: F401 - imported lazily by torch.nn's first call; it must not see the fake torch.cuda
+import torch._dynamo  # imported lazily by torch.nn's first call; it must not see the fake torch.cuda
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 

@@ -108,7 +108,7 @@ def read_notebook(path: Path) -> NotebookNode:
                                  "notebook as Jupyter saved it") from None
     try:
         return nbformat.reads(text.decode(), as_version=4)
-    except Exception as err:  # noqa: BLE001 - nbformat raises many kinds; all mean the same here
+    except Exception as err:  # nbformat raises many kinds; all mean the same here
         raise UnreadableNotebook(f"{path.name} is JSON but not a Jupyter notebook ({type(err).__name__}: "
                                  f"{str(err).splitlines()[0][:80]}); scored 0, resubmit the lab's notebook") from None
 

@@ -144,7 +144,7 @@ class JailedKernelManager(AsyncKernelManager):
             if process is not None and process.poll() is None:  # a kernel being stopped closes it too: wait
                 try:
                     process.wait(timeout=2)
-                except Exception:  # noqa: BLE001 - still running (TimeoutExpired), or already reaped elsewhere
+                except Exception:  # still running (TimeoutExpired), or already reaped elsewhere
                     pass
             if process is not None and process.poll() is None:  # the kernel lives on without its log
                 log.write((json.dumps({"event": "audit-closed"}) + "\n").encode())

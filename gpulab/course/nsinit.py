@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
     if not command:
         raise SystemExit("nothing to run: give the command after --")
     # opened before the mounts: a path under /tmp would be hidden by the private /tmp
-    report_to = open(args.report, "w") if args.report else None  # noqa: SIM115 - closed once written
+    report_to = open(args.report, "w") if args.report else None  # closed once written
     quotas: list = []
     try:
         for procs in args.cgroup_procs:  # first: every process from here on is in the group

@@ -39,7 +39,7 @@ from pathlib import Path
 from gpulab.course import integrity, isolation, links, readguard, scan, students
 from gpulab.course import notes as notes_mod
 from gpulab.course.execute import FULL
-from gpulab.course.limits import LabRun, Limits, SandboxResult  # noqa: F401 - re-exported: callers import them from here
+from gpulab.course.limits import LabRun, Limits, SandboxResult  # re-exported: callers import them from here
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
 from gpulab.course.processes import kill_marked, kill_tree
 
@@ -126,7 +126,7 @@ def check_config(path: Path, jail_args: list[str], kernel_prefix: list[str] | No
 
     try:
         config = PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
-    except Exception as err:  # noqa: BLE001 - any failure means the same: no sandbox
+    except Exception as err:  # any failure means the same: no sandbox
         raise SandboxError(f"{path} does not load ({type(err).__name__}: {err})") from None
     if SandboxedExecute not in config.Autograde.get("autograde_preprocessors", []) or \
             config.JailedKernelManager.get("jail_args") != jail_args or \

@@ -45,7 +45,7 @@ class _ThroughFileObject:
     """Open the HDF5 file through a Python file object (h5py's ``fileobj`` driver)."""
 
     def _open_file(self) -> h5py.File:
-        return h5py.File(open(self.path, "rb"), "r", **self.cache.kwargs())  # noqa: SIM115 - h5py owns it
+        return h5py.File(open(self.path, "rb"), "r", **self.cache.kwargs())  # h5py owns it
 
 
 class _SharedFileObjDataset(_ThroughFileObject, EagerH5Dataset):
@@ -83,7 +83,7 @@ def run_scenario(path: str | os.PathLike, scenario: str, repeats: int = 3, num_w
                             multiprocessing_context=method, timeout=timeout_s)
         try:
             images = torch.cat([batch[0] for batch in loader]).numpy()
-        except Exception as err:  # noqa: BLE001 - the outcome is the lesson
+        except Exception as err:  # the outcome is the lesson
             timed_out = "timed out" in str(err)
             result.update(outcome="timeout" if timed_out else "error",
                           error=f"{type(err).__name__}: {str(err).strip().splitlines()[-1][:200]}")

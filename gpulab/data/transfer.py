@@ -91,7 +91,7 @@ class _MoveRecorder(TorchFunctionMode):
         super().__init__()
         self.moves: list[tuple[torch.dtype, torch.dtype | None, int]] = []
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's signature
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # torch's signature
         kwargs = kwargs or {}
         if func in (torch.Tensor.to, torch.Tensor.cuda) and args and isinstance(args[0], torch.Tensor):
             rest = list(args[1:]) + list(kwargs.values())

@@ -101,11 +101,11 @@ def _probe_torch(f: Facts) -> None:
         # below does anyway): a CUDA build that NVML says has GPUs but that cannot start is a finding.
         f.cuda_available = bool(torch.cuda.is_available())
         f.torch_gpu_count = cuda_device_count() if f.cuda_available else 0
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         f.errors.append(f"torch.cuda: {err}")
     try:
         f.cudnn_version = torch.backends.cudnn.version() if f.torch_cuda_build else None
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         f.errors.append(f"cudnn version: {err}")
     if f.cuda_available:
         try:  # the smallest convolution that goes through cuDNN
@@ -113,21 +113,21 @@ def _probe_torch(f: Facts) -> None:
             torch.nn.functional.conv2d(x, torch.ones(1, 1, 2, 2, device="cuda"))
             torch.cuda.synchronize()
             f.cudnn_check = "ok"
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             f.cudnn_check = str(err).splitlines()[0][:200]
         if not f.gpus:
             for i in range(f.torch_gpu_count):
                 try:
                     p = torch.cuda.get_device_properties(i)
                     f.gpus.append(GpuInfo(i, p.name, p.total_memory, f"{p.major}.{p.minor}"))
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     f.errors.append(f"gpu {i}: {err}")
     try:
         import torch.distributed as dist
 
         f.nccl_available = bool(dist.is_available() and dist.is_nccl_available())
         f.gloo_available = bool(dist.is_available() and dist.is_gloo_available())
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         f.errors.append(f"torch.distributed: {err}")
 
 
@@ -149,7 +149,7 @@ def _probe_nvml(f: Facts) -> None:
             cc = pynvml.nvmlDeviceGetCudaComputeCapability(h)
             f.gpus.append(GpuInfo(i, name.decode() if isinstance(name, bytes) else str(name),
                                   int(pynvml.nvmlDeviceGetMemoryInfo(h).total), f"{cc[0]}.{cc[1]}"))
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         f.errors.append(f"nvml: {err}")
     finally:
         close_nvml(pynvml)
@@ -164,7 +164,7 @@ def _probe_host(f: Facts) -> None:
 
         f.cpu_count_physical = psutil.cpu_count(logical=False)
         f.ram_bytes = int(psutil.virtual_memory().total)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         f.errors.append(f"psutil: {err}")
 
 
@@ -174,7 +174,7 @@ def probe() -> Facts:
     for step in (_probe_host, _probe_nvml, _probe_torch):
         try:
             step(f)
-        except Exception as err:  # noqa: BLE001 - the doctor reports, it does not crash
+        except Exception as err:  # the doctor reports, it does not crash
             f.errors.append(f"{step.__name__[7:]}: {type(err).__name__}: {err}")
     return f
 

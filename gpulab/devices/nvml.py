@@ -45,11 +45,11 @@ def open_nvml() -> NvmlOpen:
     """Import ``pynvml`` and start NVML (``nvmlInit``). Never raises: a failure is described instead."""
     try:
         import pynvml
-    except Exception as err:  # noqa: BLE001 - ImportError, or a broken install: either way no NVML
+    except Exception as err:  # ImportError, or a broken install: either way no NVML
         return NvmlOpen(missing=True, error=f"nvidia-ml-py is not installed ({err}); pip install nvidia-ml-py")
     try:
         pynvml.nvmlInit()
-    except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+    except Exception as err:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
         missing = "LibraryNotFound" in type(err).__name__ or "not found" in str(err).lower()
         return NvmlOpen(missing=missing, error=f"NVML could not start ({type(err).__name__}: {err}); "
                                                "no NVIDIA driver on this machine?")
@@ -62,7 +62,7 @@ def close_nvml(nvml: Any) -> None:
         return
     try:
         nvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - shutting down must not raise
+    except Exception:  # shutting down must not raise
         pass
 
 
@@ -70,7 +70,7 @@ def _uuid(nvml: Any, index: int) -> str:
     try:
         u = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(index))
         return u.decode() if isinstance(u, bytes) else str(u)
-    except Exception:  # noqa: BLE001 - a GPU without a readable UUID matches no UUID entry
+    except Exception:  # a GPU without a readable UUID matches no UUID entry
         return ""
 
 

@@ -32,7 +32,7 @@ def cuda_device_count() -> int:
         if n == 0 or torch.cuda.is_initialized():  # CUDA already runs here: its own count is the truth
             return n
         return max(0, n - _unusable_by_nvml(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.version.cuda))
-    except Exception:  # noqa: BLE001 - a broken driver must not break discovery
+    except Exception:  # a broken driver must not break discovery
         return 0
 
 
@@ -64,12 +64,12 @@ def _unusable_by_nvml(visible: str | None, build: str | None) -> int:
             h = nv.nvmlDeviceGetHandleByIndex(index)
             try:
                 current, _pending = nv.nvmlDeviceGetMigMode(h)
-            except Exception:  # noqa: BLE001 - not a MIG-capable GPU
+            except Exception:  # not a MIG-capable GPU
                 continue
             if current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1) and not _mig_instances(nv, h):
                 empty += 1
         return empty
-    except Exception:  # noqa: BLE001 - NVML could not say: trust torch's count
+    except Exception:  # NVML could not say: trust torch's count
         return 0
     finally:
         close_nvml(nv)
@@ -81,7 +81,7 @@ def _mig_instances(nv: Any, h: Any) -> int:
         try:
             nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
             count += 1
-        except Exception:  # noqa: BLE001 - no instance in that slot
+        except Exception:  # no instance in that slot
             continue
     return count
 

@@ -133,7 +133,7 @@ def catch(exc_type: type[BaseException] | tuple[type[BaseException], ...], fn: C
     try:
         fn(*args, **kwargs)
         raised = None
-    except Exception as err:  # noqa: BLE001 - the exception is the evidence
+    except Exception as err:  # the exception is the evidence
         raised = err
     _check(_spec("raises", what, hint, types=_names(exc_type), match=match), lambda: encode(raised))
     return raised

@@ -56,8 +56,8 @@ __all__ = ["REFERENCES", "sampler_cases", "sampler_shards", "loader_cases", "loa
            "PER_PARAMETER_CASES", "BUCKETED_CASES", "run_ddp_class", "single_process_run", "class_tolerance",
            "OVERLAP_CFG", "OVERLAP_BUCKET_MB", "overlap_case", "trace_overlap", "overlap_plan", "SPEED_CFG",
            "bucketing_run", "run_amp_steps", "amp_reference", "Gated", "gated_models", "run_ddp_wrapping",
-           "single_process_wrapping", "SyncCheck", "compare_with_single_process", "compare_amp_steps",
-           "check_ddp_wrapping", "OverlappedDDP", "BucketedDDP", "bucket_assignment", "unused_parameters", "amp_step"]
+           "single_process_wrapping", "SyncCheck", "compare_with_single_process",
+           "OverlappedDDP", "BucketedDDP", "bucket_assignment", "unused_parameters", "amp_step"]
 
 # gpulab's reference implementations of lab 06's exercises, masked in a graded kernel (gpulab.course.mask):
 # the per-parameter and bucketed DDP classes (and the bucket helper a student could build on), the bucket
@@ -180,7 +180,6 @@ def amp_reference(world_size: int = 2, num_steps: int = 4, seed: int = 1) -> lis
     return run_amp_steps(amp_step, world_size, num_steps=num_steps, seed=seed)
 
 
-compare_amp_steps = run_amp_steps  # the name notebooks saved before the evidence model import
 
 
 # --- exercise 7: unused parameters, and the DDP wrapper --------------------------------------------------
@@ -258,7 +257,6 @@ def single_process_wrapping(world_size: int = 2, num_steps: int = 3, seed: int =
     return out
 
 
-check_ddp_wrapping = run_ddp_wrapping  # the name notebooks saved before the evidence model import
 
 
 # --- not an exercise any more: gradient averaging after backward, against one process ---------------------

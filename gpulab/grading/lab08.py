@@ -91,7 +91,7 @@ def count_host_reads(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple
     copies = 0
     printing = 0  # depth inside torch's tensor formatting: one print is one read, whatever it calls
 
-    def tracer(frame, event, arg):  # noqa: ANN001 - profiler signature
+    def tracer(frame, event, arg):  # profiler signature
         nonlocal copies, printing
         if frame.f_code is _PRINT and event == "call":
             printing += 1

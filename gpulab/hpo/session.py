@@ -83,7 +83,7 @@ def import_ray() -> ModuleType:
     try:
         import optuna  # noqa: F401 - only checked
         import ray
-        import ray.tune  # noqa: F401 - only checked
+        import ray.tune
     except ImportError as err:
         raise ImportError(f"lab 10 needs Ray Tune and Optuna, which are not installed ({err}). Run `make setup`, "
                           "which installs them, or `pip install -e '.[search]'`") from None

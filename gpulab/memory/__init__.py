@@ -35,13 +35,13 @@ from gpulab.memory.report import DeviceMemory, MemoryReport, format_bytes
 __all__ = ["MemoryMeter", "MemoryReport", "DeviceMemory", "format_bytes"]
 
 # lab 08: out-of-memory tools
-from gpulab.memory.batch_size import find_max_batch_size, free_memory  # noqa: E402
-from gpulab.memory.cuda_report import MemoryStatus, memory_report  # noqa: E402
-from gpulab.memory.leaks import LeakFinder, LeakReport  # noqa: E402
-from gpulab.memory.retry import OOMRetry, oom_retry  # noqa: E402
-from gpulab.memory.savings import peak_memory  # noqa: E402
-from gpulab.memory.summary import ModelSummary, ShapeMismatchError, summary  # noqa: E402
-from gpulab.memory.trend import LeakCriterion  # noqa: E402
+from gpulab.memory.batch_size import find_max_batch_size, free_memory
+from gpulab.memory.cuda_report import MemoryStatus, memory_report
+from gpulab.memory.leaks import LeakFinder, LeakReport
+from gpulab.memory.retry import OOMRetry, oom_retry
+from gpulab.memory.savings import peak_memory
+from gpulab.memory.summary import ModelSummary, ShapeMismatchError, summary
+from gpulab.memory.trend import LeakCriterion
 
 __all__ += ["memory_report", "MemoryStatus", "LeakFinder", "LeakCriterion", "LeakReport", "find_max_batch_size",
             "free_memory", "oom_retry", "OOMRetry", "summary", "ModelSummary",

@@ -54,7 +54,7 @@ def _cuda_status(device: torch.device, meter: MemoryMeter | None, abbreviated: b
         if cuda_device_count() == 0:
             return None
         stats = torch.cuda.memory_stats(device)
-    except Exception:  # noqa: BLE001 - a broken driver: fall back to the meter
+    except Exception:  # a broken driver: fall back to the meter
         return None
     if not stats:  # CUDA works but nothing was ever allocated: memory_summary() would raise KeyError
         text = f"{CUDA_MODE} on {device}: nothing allocated yet"

@@ -37,7 +37,7 @@ def _cuda_allocator_stats(physical: torch.device) -> dict[str, int] | None:
         if cuda_device_count() == 0:
             return None
         stats = torch.cuda.memory_stats(physical)
-    except Exception:  # noqa: BLE001 - a broken driver must not break a report
+    except Exception:  # a broken driver must not break a report
         return None
     if not stats:
         return None

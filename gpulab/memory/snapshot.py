@@ -145,7 +145,7 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
         ValueError: the file is not a snapshot (no ``segments``).
     """
     with open(path, "rb") as f:
-        data = pickle.load(f)  # noqa: S301 - see the Warning
+        data = pickle.load(f)  # see the Warning
     if isinstance(data, list):  # old files held the segments only (torch's _memory_viz reads them too)
         data = {"segments": data, "device_traces": []}
     if not isinstance(data, dict) or "segments" not in data:

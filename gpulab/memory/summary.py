@@ -169,7 +169,7 @@ def summary(model: nn.Module, input_shape: Sequence[int] | Sequence[Sequence[int
         model.eval()
         with torch.no_grad():
             model(*inputs)
-    except Exception as err:  # noqa: BLE001 - re-raised with the layer named
+    except Exception as err:  # re-raised with the layer named
         module, got = stack[-1] if stack else (model, _shapes(inputs))
         name = names.get(module) or "the model itself"
         _totals(model, result, called, finished=False)

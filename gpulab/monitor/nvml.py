@@ -67,7 +67,7 @@ def _read(nv: Any, name: str, *args: Any) -> Any:
     """``nv.<name>(*args)``, or None where NVML says the reading is not supported (or the binding lacks it)."""
     try:
         return getattr(nv, name)(*args)
-    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: no reading, not a failure
+    except Exception:  # NVMLError_NotSupported and friends: no reading, not a failure
         return None
 
 
@@ -113,7 +113,7 @@ class NvmlReader:
                 self.nvml_indices.append(index)
                 self.names.append(name.decode() if isinstance(name, bytes) else str(name))
                 self.limits.append(self._limits(cuda, h))
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             self.error = f"NVML started but listing GPUs failed ({err})"
 
     def _limits(self, index: int, h: Any) -> GpuLimits:
@@ -155,17 +155,17 @@ class NvmlReader:
             try:
                 rates = nv.nvmlDeviceGetUtilizationRates(h)
                 util, mem_util = float(rates.gpu), float(rates.memory)
-            except Exception:  # noqa: BLE001 - not supported on this GPU (e.g. some MIG modes)
+            except Exception:  # not supported on this GPU (e.g. some MIG modes)
                 pass
             try:
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
                 used, total = int(mem.used), int(mem.total)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             temp = _temperature(nv, h)
             try:
                 power = nv.nvmlDeviceGetPowerUsage(h) / 1000.0  # milliwatts
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             clock = _read(nv, "nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))
             out.append(GpuSample(i, util, mem_util, used, total, temp, power,

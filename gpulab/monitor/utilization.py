@@ -142,7 +142,7 @@ class UtilizationMonitor:
         for cb in list(self._callbacks):
             try:
                 cb(self, None)  # type: ignore[arg-type]  # None = "stopped": let views finish
-            except Exception as err:  # noqa: BLE001 - a view must not break stop()
+            except Exception as err:  # a view must not break stop()
                 self.errors.append(f"view: {err!r}")
         self._callbacks.clear()
         return self
@@ -199,7 +199,7 @@ class UtilizationMonitor:
             try:
                 sample = self._take()
                 failures = 0
-            except Exception as err:  # noqa: BLE001 - recorded, and the thread gives up if it persists
+            except Exception as err:  # recorded, and the thread gives up if it persists
                 failures += 1
                 self.errors.append(f"sample: {err!r}")
                 if failures >= 10:
@@ -210,7 +210,7 @@ class UtilizationMonitor:
             for cb in list(self._callbacks):
                 try:
                     cb(self, sample)
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     self.errors.append(f"view: {err!r}")
                     self._callbacks.remove(cb)
 

@@ -120,7 +120,7 @@ def attach_live_view(mon: Any, refresh: float = 0.5) -> Any:
 
             widget = ipywidgets.HTML(value="<pre>waiting for the first sample...</pre>")
             display(widget)
-        except Exception as err:  # noqa: BLE001 - no ipywidgets, no frontend: fall back to text
+        except Exception as err:  # no ipywidgets, no frontend: fall back to text
             mon.errors.append(f"live view: {err!r}")
             widget = None
     last = [0.0]

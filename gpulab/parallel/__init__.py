@@ -64,15 +64,3 @@ __all__ = [
     "measured_bubble", "plot_timeline", "batchnorm_to_groupnorm",
 ]
 
-# Lab 06's graders lived in this package until they moved to gpulab.grading.lab06. Notebooks saved
-# before the move still import them from here, so they resolve on first use. This is an alias for
-# those copies only: the library itself never imports the graders.
-_MOVED_TO_GRADING = ("compare_with_single_process", "compare_amp_steps", "check_ddp_wrapping")
-
-
-def __getattr__(name: str):  # noqa: ANN202 - PEP 562 module attribute
-    if name in _MOVED_TO_GRADING:
-        import importlib
-
-        return getattr(importlib.import_module("gpulab.grading.lab06"), name)
-    raise AttributeError(f"module 'gpulab.parallel' has no attribute {name!r}")

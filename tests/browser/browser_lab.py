@@ -187,7 +187,7 @@ def _save_and_read(page, nb_path: Path, must=lambda nb: True) -> nbformat.Notebo
     def saved():
         try:
             nb = nbformat.read(str(nb_path), as_version=4)
-        except Exception:  # noqa: BLE001 - half-written file: read again
+        except Exception:  # half-written file: read again
             return None
         return nb if must(nb) else None
     return _wait(saved, 60, f"{nb_path.name} to be saved with the browser's state")

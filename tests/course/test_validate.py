@@ -12,11 +12,11 @@ from pathlib import Path
 import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import nbauthor  # noqa: E402
-from conftest import COURSE  # noqa: E402
+import nbauthor
+from conftest import COURSE
 
-from gpulab.course.release import check_work  # noqa: E402
-from gpulab.course.validate import validate  # noqa: E402
+from gpulab.course.release import check_work
+from gpulab.course.validate import validate
 
 
 def _lab(work: Path, test_src: str) -> Path:

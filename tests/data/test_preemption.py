@@ -25,7 +25,7 @@ def test_the_order_streams_every_cold_sample_once_between_hot_draws() -> None:
             hot_and_stream_order(96, **{"chunk_rows": 8, **bad})
 
 
-def test_w0_changes_hdf5s_misses_as_the_model_says(gzip_file) -> None:  # noqa: F811 - a fixture
+def test_w0_changes_hdf5s_misses_as_the_model_says(gzip_file) -> None:  # a fixture
     order = hot_and_stream_order(N, ROWS, hot_chunks=2, hot_every=2, seed=0)
     cache = 3 * CHUNK  # the 2 hot chunks and the one being streamed
     misses = {}
@@ -37,7 +37,7 @@ def test_w0_changes_hdf5s_misses_as_the_model_says(gzip_file) -> None:  # noqa: 
     assert misses[1.0] >= N // ROWS  # never fewer than one decompression per chunk
 
 
-def test_w0_one_keeps_partly_read_chunks_past_the_cache_limit(gzip_file) -> None:  # noqa: F811 - a fixture
+def test_w0_one_keeps_partly_read_chunks_past_the_cache_limit(gzip_file) -> None:  # a fixture
     order = torch.randperm(N, generator=torch.Generator().manual_seed(0)).tolist()  # every chunk only partly read
     one_chunk = CHUNK
     for w0, expected in ((0.75, None), (1.0, N // ROWS)):
@@ -48,7 +48,7 @@ def test_w0_one_keeps_partly_read_chunks_past_the_cache_limit(gzip_file) -> None
             assert real == expected  # each chunk decompressed once: all 12 stayed in a "one-chunk" cache
 
 
-def test_heap_in_use_sees_a_cache_that_outgrows_its_limit(gzip_file) -> None:  # noqa: F811 - a fixture
+def test_heap_in_use_sees_a_cache_that_outgrows_its_limit(gzip_file) -> None:  # a fixture
     if heap_in_use() is None:
         pytest.skip("mallinfo2 needs glibc 2.33+")
     order = torch.randperm(N, generator=torch.Generator().manual_seed(0)).tolist()

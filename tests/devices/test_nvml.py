@@ -11,11 +11,11 @@ from gpulab.devices.nvml import close_nvml, open_nvml
 from gpulab.monitor.nvml import NvmlReader
 
 
-class NVMLError_LibraryNotFound(Exception):  # noqa: N801 - pynvml's own naming
+class NVMLError_LibraryNotFound(Exception):  # pynvml's own naming
     pass
 
 
-class NVMLError_DriverNotLoaded(Exception):  # noqa: N801
+class NVMLError_DriverNotLoaded(Exception):
     pass
 
 

@@ -10,7 +10,7 @@ from gpulab.grading.exercises import answered, require, yours_or_reference
 def _namespace() -> dict:
     # what a released notebook holds: stubs as nbgrader writes them, and one written answer
     ns: dict = {}
-    exec(  # noqa: S102 - builds a notebook-like namespace for the test
+    exec(  # builds a notebook-like namespace for the test
         "def stub(x):\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"
         "def done(x):\n    return 2 * x\n"
         "class StubClass:\n    def __init__(self):\n        pass\n"
@@ -41,7 +41,7 @@ def test_require_names_the_exercise_and_never_raises_name_error() -> None:
 
 def test_demos_use_the_reference_until_the_answer_exists(capsys) -> None:
     ns = _namespace()
-    ref = lambda x: 2 * x  # noqa: E731
+    ref = lambda x: 2 * x
     assert yours_or_reference(ns, "stub", ref) is ref
     assert "exercise `stub` is not answered yet" in capsys.readouterr().out
     assert yours_or_reference(ns, "done", ref) is ns["done"]

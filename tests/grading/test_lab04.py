@@ -72,7 +72,7 @@ def parallel_apply(replicas, pieces, devices):
         try:
             with devices[i]:
                 outputs[i] = replicas[i](pieces[i])
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             errors[i] = err
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(replicas))]

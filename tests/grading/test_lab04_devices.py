@@ -35,7 +35,7 @@ from gpulab.memory import MemoryMeter
 from gpulab.parallel import comm
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "source" / "04_dataparallel" / "04_dataparallel.ipynb"
 

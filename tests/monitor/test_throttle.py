@@ -36,7 +36,7 @@ def _fake_nvml(*, event_api: bool = True, limits: bool = True) -> types.SimpleNa
         nvmlDeviceGetPowerUsage=lambda h: hot[h][1],  # milliwatts
         nvmlDeviceGetClockInfo=lambda h, kind: hot[h][2] if kind == 1 else 9999,
     )
-    reasons = lambda h: hot[h][3]  # noqa: E731
+    reasons = lambda h: hot[h][3]
     if event_api:
         nv.nvmlDeviceGetCurrentClocksEventReasons = reasons
     else:  # a driver older than R535: only the old name

@@ -181,7 +181,7 @@ def rank_main(fn: Callable[..., Any], rank: int, args: tuple, cfg: RankConfig) -
         except (pickle.PicklingError, TypeError, AttributeError) as err:
             raise TypeError(f"rank {rank} returned a {type(value).__name__} that cannot be sent back to "
                             f"the caller ({err}); return tensors, numbers, lists or dicts instead") from err
-    except BaseException as err:  # noqa: BLE001 - everything is reported to the parent
+    except BaseException as err:  # everything is reported to the parent
         when = time.time()  # one clock for every rank's records: the machine's
         failed = True
         _write(result_path(cfg.workdir, rank), {

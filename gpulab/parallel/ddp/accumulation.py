@@ -12,8 +12,9 @@ accumulated sum once:
 2. micro-batch k-1, outside: the same, then ``model.sync_gradients()``;
 3. ``optimizer.step()``; ``optimizer.zero_grad()``.
 
-The parameters then equal one step on the k micro-batches together (tests/test_sharded.py), with k
-times fewer all-reduce calls, which :class:`count_collectives` counts.
+The parameters then equal one step on the k micro-batches together
+(tests/parallel/ddp/test_sharded.py), with k times fewer all-reduce calls, which
+:class:`count_collectives` counts.
 
 Usage::
 
@@ -71,7 +72,7 @@ def accumulation_step(model: nn.Module, optimizer: torch.optim.Optimizer,
     return total
 
 
-class count_collectives:  # noqa: N801 - used like a function: `with count_collectives() as calls`
+class count_collectives:  # used like a function: `with count_collectives() as calls`
     """Count the ``torch.distributed`` collectives called in this process while the block runs.
 
     It wraps the Python functions named in :data:`COUNTED` (``dist.all_reduce``...), so it counts

@@ -44,13 +44,13 @@ def peer_lost(err: BaseException) -> bool:
     try:
         from torch.distributed import DistError
     except ImportError:  # a torch built without distributed
-        DistError = ()  # noqa: N806
+        DistError = ()
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         try:
             text = str(err)
-        except Exception:  # noqa: BLE001 - a broken __str__ must not stop the rank from reporting
+        except Exception:  # a broken __str__ must not stop the rank from reporting
             text = ""
         if isinstance(err, DistError) or any(m in text for m in PEER_LOST_MARKERS):
             return True
@@ -148,7 +148,7 @@ def rank_failed_error(rank: int, world_size: int, exc_type: str, message: str, r
             err = exc_class.__new__(combined, message)
             RankFailedError.__init__(err, rank, world_size, exc_type, message, remote_traceback, others, exc_class)
             return err
-        except Exception:  # noqa: BLE001 - a __new__ that wants other arguments: fall back below
+        except Exception:  # a __new__ that wants other arguments: fall back below
             pass
     return RankFailedError(rank, world_size, exc_type, message, remote_traceback, others, exc_class)
 
@@ -158,7 +158,7 @@ def class_blob(cls: type[BaseException]) -> bytes | None:
     try:
         blob = pickle.dumps(cls)
         return blob if pickle.loads(blob) is cls else None
-    except Exception:  # noqa: BLE001 - a class defined in a function, or one with an odd __reduce__
+    except Exception:  # a class defined in a function, or one with an odd __reduce__
         return None
 
 
@@ -168,7 +168,7 @@ def class_from_blob(blob: bytes | None) -> type[BaseException] | None:
         return None
     try:
         cls = pickle.loads(blob)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     return cls if isinstance(cls, type) and issubclass(cls, BaseException) else None
 

@@ -14,7 +14,8 @@ SC 2020; torch's ``ZeroRedundancyOptimizer``; CS336's sharded optimizer) splits 
 4. ``step()`` updates the owned share, then every parameter is sent from its owner to every
    rank, so the replicas are identical again.
 
-After k steps the parameters equal single-process training on the full batch (tests/test_sharded.py).
+After k steps the parameters equal single-process training on the full batch
+(tests/parallel/ddp/test_sharded.py).
 
 Usage (inside a rank started by :func:`gpulab.parallel.launch`, or under torchrun)::
 

@@ -72,9 +72,9 @@ def sharding_model(cfg: ShardingConfig) -> MLP:
 
 def preload_sharding() -> None:
     """Import FSDP2 and ZeroRedundancyOptimizer once here, so forked ranks do not each import them."""
-    import torch._dynamo  # noqa: F401 - torch DDP imports it on first use
-    import torch.distributed.fsdp  # noqa: F401
-    import torch.distributed.optim  # noqa: F401
+    import torch._dynamo  # torch DDP imports it on first use
+    import torch.distributed.fsdp
+    import torch.distributed.optim
     import torch.distributed.tensor  # noqa: F401
 
 

@@ -115,7 +115,7 @@ def _check_sendable(fn: Callable, args: tuple, why: str) -> None:
     else:
         try:
             pickle.dumps((fn, args))
-        except Exception as err:  # noqa: BLE001 - any pickling failure means the same thing
+        except Exception as err:  # any pickling failure means the same thing
             problem = f"{name} or its args cannot be pickled ({type(err).__name__}: {err})"
     if problem:
         raise ValueError(

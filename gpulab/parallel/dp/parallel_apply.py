@@ -65,7 +65,7 @@ def _reraise(exc: BaseException, index: int, device: LogicalDevice) -> BaseExcep
     msg = f"in replica {index} on {device!r}: {type(exc).__name__}: {exc}"
     try:
         new = type(exc)(msg)
-    except Exception:  # noqa: BLE001 - exception types with other constructors
+    except Exception:  # exception types with other constructors
         new = ReplicaError(msg)
     if str(new) != msg and not isinstance(new, KeyError):  # a type that rewrites its message
         new = ReplicaError(msg)
@@ -105,7 +105,7 @@ def parallel_apply(modules: Sequence[Callable], inputs: Sequence[Any], devices: 
     def worker(i: int) -> None:
         try:
             results[i] = _run(modules[i], inputs[i], kwargs[i], devices[i], state)
-        except Exception as exc:  # noqa: BLE001 - re-raised in the caller below
+        except Exception as exc:  # re-raised in the caller below
             errors[i] = exc
 
     if len(modules) == 1:

@@ -286,7 +286,7 @@ def run_in_stage_threads(run: StageThreads, sweep: Sweep) -> list[Any]:
                         sweep.inboxes[run.lanes[sweep.order[p + 1]]].put((p + 1, j, result))
                     else:
                         sweep.results[j] = result
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as err:  # re-raised in the caller's thread
             sweep.errors.append(err)
             sweep.failed.set()
             for inbox in sweep.inboxes:

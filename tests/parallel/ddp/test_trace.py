@@ -6,9 +6,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from gpulab.parallel import BucketedDDP, NaiveDDP, OverlappedDDP, StepTimingConfig, bucket_assignment, launch  # noqa: E402
-from gpulab.parallel.ddp.timing import deep_mlp  # noqa: E402
-from gpulab.parallel.ddp.trace import SyncEvent, launched_before_last_gradient, plot_sync_timeline, trace_sync  # noqa: E402
+from gpulab.parallel import BucketedDDP, NaiveDDP, OverlappedDDP, StepTimingConfig, bucket_assignment, launch
+from gpulab.parallel.ddp.timing import deep_mlp
+from gpulab.parallel.ddp.trace import SyncEvent, launched_before_last_gradient, plot_sync_timeline, trace_sync
 
 CFG = StepTimingConfig(width=32, depth=4, batch_size=8)  # 5 Linear layers: 10 gradient tensors of up to 4 KiB
 
