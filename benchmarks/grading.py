@@ -19,6 +19,8 @@ kernel's own uid, Landlock), judged against the reference run; plain nbgrader st
 whole class and runs every kernel as the grader, deciding in the kernel. Rounds alternate (sandbox, plain, sandbox, plain...) so that a change in the machine's
 load falls on both. ``sandbox_overhead`` is the sandbox's total time over plain nbgrader's.
 ``--parallel`` also grades the class with one worker per core (``speedup`` over one worker).
+``--ray`` also grades it on a local Ray cluster of this machine's cores (``make grade RAY_ADDRESS=``'s
+path, the cluster's start included): ``ray_vs_pool`` is its time over the worker pool's at as many jobs.
 Wall-clock time on a shared machine moves with the neighbours' load, so the CPU time of the
 grader and every process it waited for (nbgrader, kernels) is reported beside it.
 
@@ -95,6 +97,23 @@ def timed_old(course: Path, jobs: int, lab: str, checkout: Path) -> tuple[float,
     return out["seconds"], cpu_seconds() - c0, out["scores"]
 
 
+def timed_ray(course: Path, lab: str = LAB) -> tuple[float, list[float]]:
+    """Wall seconds to start a one-node Ray cluster of this machine's cores and grade the class on it."""
+    from ray.cluster_utils import Cluster
+
+    from gpulab.course.cluster import WHOLE_NODE
+
+    t0 = time.perf_counter()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": default_jobs(), "include_dashboard": False,
+                                                            "resources": {WHOLE_NODE: 1}})
+    try:
+        rows = grade(course, lab, jobs=default_jobs(), limits=Limits(memory_mb=2048), progress=False,
+                     ray_address=cluster.address)
+    finally:
+        cluster.shutdown()
+    return time.perf_counter() - t0, [r.score for r in rows]
+
+
 def timed_nbgrader(course: Path, lab: str = LAB) -> tuple[float, float, bool]:
     t0, c0 = time.perf_counter(), cpu_seconds()
     proc = nbgrader(course, "autograde", lab, "--force")
@@ -110,6 +129,7 @@ def main() -> None:
     p.add_argument("--parallel", action="store_true", help="also grade with one worker per core")
     p.add_argument("--old", default=None, help="an earlier checkout whose grader is timed beside this one")
     p.add_argument("--no-plain", action="store_true", help="skip plain nbgrader")
+    p.add_argument("--ray", action="store_true", help="also grade on a local Ray cluster, beside the pool at as many jobs")
     args = p.parse_args()
     new, new_cpu, plain, plain_cpu, old, old_cpu, plain_ok = [], [], [], [], [], [], True
     scores, old_scores = [], []
@@ -152,6 +172,14 @@ def main() -> None:
             parallel_s, _, _ = timed_grade(course, default_jobs(), args.lab)
             out.update(parallel_jobs=default_jobs(), parallel_s=round(parallel_s, 1),
                        speedup=round(new[-1] / parallel_s, 2))
+        if args.ray:
+            pool_s, ray_s = [], []
+            for _ in range(args.rounds):  # alternating, as above
+                pool_s.append(timed_grade(course, default_jobs(), args.lab)[0])
+                seconds, ray_scores = timed_ray(course, args.lab)
+                ray_s.append(seconds)
+            out.update(pool_s=[round(x, 1) for x in pool_s], ray_local_s=[round(x, 1) for x in ray_s],
+                       ray_vs_pool=round(sum(ray_s) / sum(pool_s), 2), ray_scores=sorted(set(ray_scores)))
     print(json.dumps(out))
 
 

@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
                            help="grade even where an OS protection (namespaces, cgroups, kernel uid, Landlock) "
                                 "is missing; each row of grades.csv names what was off")
             s.add_argument("--keep-sandboxes", action="store_true", help="keep each submission's grading copy")
+            s.add_argument("--ray-address", default=None,
+                           help="grade each submission as a task on this Ray cluster (head:6379), each node in its "
+                                "own sandbox (default: worker threads on this machine)")
+            s.add_argument("--fresh", action="store_true",
+                           help="grade everything again, even after a run that was stopped (by default such a run's "
+                                "finished, unchanged submissions are kept)")
             s.add_argument("--quiet", action="store_true", help="no progress bar")
         if name == "collect":
             s.add_argument("--archive", required=True, help="the LMS download (zip)")
@@ -67,7 +73,8 @@ def _grade(args: argparse.Namespace) -> int:
     plan = isolation.detect(limits.confine_writes, limits.confine_reads)
     writes, reads = ("on" if on else "OFF (flag)" for on in (limits.confine_writes, limits.confine_reads))
     cell = f"{limits.cell_timeout_s} s" if limits.cell_timeout_s else "nbgrader_config.py's"
-    print(f"grading with {jobs} worker(s): wall clock {limits.wall_s:g} s, cell timeout {cell}, "
+    where = f"on the Ray cluster at {args.ray_address}" if args.ray_address else f"with {jobs} worker(s)"
+    print(f"grading {where}: wall clock {limits.wall_s:g} s, cell timeout {cell}, "
           f"memory {limits.memory_mb or 'unlimited'} MiB per process (RLIMIT_{limits.memory_rlimit.upper()}) and "
           f"{limits.cgroup_memory_mb() or 'unlimited'} MiB per submission, {limits.pids_max} tasks, private /tmp "
           f"{limits.tmp_mb} MiB and /dev/shm {limits.shm_mb} MiB; writes confined: {writes}, course unreadable: "
@@ -87,8 +94,8 @@ def _grade(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         rows = grade(args.course, args.lab, jobs=jobs, limits=limits, progress=not args.quiet,
-                     keep_sandboxes=args.keep_sandboxes, plan=plan)
-    except ValueError as err:
+                     keep_sandboxes=args.keep_sandboxes, plan=plan, ray_address=args.ray_address, fresh=args.fresh)
+    except (ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print_table(rows, time.perf_counter() - t0)

@@ -15,24 +15,27 @@ to issue jupyter/nbgrader#174); a class of 200 takes hours in sequence.
 from __future__ import annotations
 
 import csv
-import importlib
+import hashlib
 import itertools
+import json
 import os
 import secrets as secrets_mod
 import shutil
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 from tqdm.auto import tqdm
 
-from gpulab.course import gradebook, integrity, isolation, mask, readguard, students
+from gpulab.course import cluster, gradebook, integrity, isolation, mask, readguard, students
+from gpulab.course.mask import lab_references
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 from gpulab.course.reference import ReferenceError, run_reference
-from gpulab.course.sandbox import LabRun, Limits, SandboxResult, grade_in_sandbox
+from gpulab.course.sandbox import LabRun, Limits, SandboxResult, grading_root
+from gpulab.course.sandbox import grade_safely as _grade_safely
 from gpulab.labs import LABS
 
 
@@ -129,17 +132,6 @@ class WeakSandboxError(ValueError):
     """An OS protection is missing and the instructor did not accept grading without it."""
 
 
-def grading_root(private_tmp: bool) -> Path:
-    """A new folder for the run's grading copies. Not under ``/tmp`` when each submission gets a
-    private ``/tmp`` (it would hide the copies from nbgrader): ``/var/tmp`` then."""
-    parent = Path(tempfile.gettempdir())
-    if private_tmp and parent.resolve().is_relative_to("/tmp"):
-        parent = Path("/var/tmp")
-    root = Path(tempfile.mkdtemp(prefix="gpulab-grade-", dir=parent))
-    root.chmod(0o711)  # a kernel under a uid of its own passes through to its own folder, lists nothing
-    return root
-
-
 def cpu_slots(jobs: int, cpus: list[int] | None = None) -> list[list[int]]:
     """One CPU set per parallel grader: ``len(cpus) // jobs`` CPUs each, disjoint while there are
     enough (more jobs than CPUs share them). A submission's kernel, and the reference run its
@@ -160,15 +152,6 @@ def _pool(slots: list[list[int]]) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=len(slots), initializer=pin)
 
 
-def lab_references(lab: str) -> tuple:
-    """The ``REFERENCES`` of a lab's grader module (``00_setup`` -> ``gpulab.grading.lab00``)."""
-    try:
-        module = importlib.import_module(f"gpulab.grading.lab{lab[:2]}")
-    except ModuleNotFoundError:
-        return ()
-    return tuple(getattr(module, "REFERENCES", ()))
-
-
 def prepare_lab(course: Path, lab: str, root: Path, seed: int, secret: str, limits: Limits,
                 plan: isolation.Plan) -> LabRun:
     """The lab's reference run and masks for this grading run (raises ReferenceError)."""
@@ -180,8 +163,56 @@ def prepare_lab(course: Path, lab: str, root: Path, seed: int, secret: str, limi
     return LabRun(lab, seed, path, binds)
 
 
+def fingerprint(folder: Path) -> str:
+    """A hash of the regular files under a submission folder (names and bytes; links are not followed)."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            h.update(str(path.relative_to(folder)).encode() + b"\0")
+            with open(path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()
+
+
+def _ledger(course: Path) -> Path:
+    return course / "grading_logs" / "graded.jsonl"
+
+
+def interrupted_rows(course: Path, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], GradeRow]:
+    """After a run that was stopped (``grades.csv`` still has rows that say :data:`NOT_YET`): the rows
+    it finished, for submissions that have not changed since, to keep instead of grading them again."""
+    path = course / "grades.csv"
+    if not path.is_file() or not _ledger(course).is_file():
+        return {}
+    with open(path, newline="") as fh:
+        old = {(students.from_csv(r["student"]), r["lab"]): r for r in csv.DictReader(fh)}
+    if not any(r["notes"] == NOT_YET for r in old.values()):
+        return {}  # the last run finished: grade everything again
+    graded = {}
+    for line in _ledger(course).read_text().splitlines():
+        try:
+            student, lab, digest = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        graded[(student, lab)] = digest
+    kept = {}
+    for pair in pairs:
+        row = old.get(pair)
+        if row is not None and row["notes"] != NOT_YET and pair in graded \
+                and graded[pair] == fingerprint(course / "submitted" / pair[0] / pair[1]):
+            kept[pair] = GradeRow(pair[0], pair[1], float(row["score"]), float(row["max_score"]),
+                                  students.from_csv(row["notes"]))
+    return kept
+
+
 def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, limits: Limits | None = None,
-          progress: bool = True, keep_sandboxes: bool = False, plan: isolation.Plan | None = None) -> list[GradeRow]:
+          progress: bool = True, keep_sandboxes: bool = False, plan: isolation.Plan | None = None,
+          ray_address: str | None = None, fresh: bool = False) -> list[GradeRow]:
     """Autograde every submission (or one lab's) in parallel and write ``<course>/grades.csv``.
 
     Each lab first gets its reference run (:mod:`gpulab.course.reference`): the source notebook in
@@ -199,6 +230,10 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
         progress: show a tqdm bar.
         keep_sandboxes: leave each submission's grading copy on disk (for debugging).
         plan: the OS isolation to use (default: :func:`isolation.detect` on this machine).
+        ray_address: grade each submission as a task on this Ray cluster (:mod:`gpulab.course.cluster`)
+            instead of in worker threads here; ``jobs`` then only sizes the reference runs.
+        fresh: grade everything, even after a run that was stopped (by default such a run's finished,
+            unchanged submissions are kept: :func:`interrupted_rows`).
 
     Returns:
         One row per submission, sorted by lab then student; also in ``grades.csv``.
@@ -226,6 +261,15 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
     rows = [GradeRow(s, lab_, notes=f"no lab called {lab_!r}; the labs are {', '.join(sorted(known))}")
             for s, lab_ in pairs if lab_ not in known]
     pairs = [(s, lab_) for s, lab_ in pairs if lab_ in known]
+    kept = {} if fresh else interrupted_rows(course, pairs)
+    if kept:
+        print(f"resuming a grading run that was stopped: {len(kept)} submission(s) it graded are kept, "
+              f"{len(pairs) - len(kept)} to grade (FRESH=1 grades everything again)", flush=True)
+        rows += list(kept.values())
+        pairs = [p for p in pairs if p not in kept]
+    else:
+        _ledger(course).parent.mkdir(parents=True, exist_ok=True)
+        _ledger(course).write_text("")
     ensure_released(course, {lab_ for _, lab_ in pairs})
     root = grading_root(plan.namespaces)
     cancel = threading.Event()
@@ -266,29 +310,33 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
         pairs = [p for p in pairs if p[1] not in refused]
         phases = [(cpu_slots(jobs), limits, [p for p in pairs if p[1] not in alone]),
                   (cpu_slots(1), limits_alone, [p for p in pairs if p[1] in alone])]
-        with tqdm(total=len(pairs), desc="autograding", unit="submission", disable=not progress) as bar:
-            for slots, lim, phase in phases:
-                if not phase:
-                    continue
-                with _pool(slots) as pool:
-                    futures = [pool.submit(_grade_safely, course, template, specs[lab_], lab_, s,
-                                           root / lab_ / students.alias(s), lim, cancel, plan, secrets, runs[lab_])
-                               for s, lab_ in phase]
-                    try:
-                        for fut in as_completed(futures):
-                            result = fut.result()
-                            if weaker:
-                                result.notes.append(weaker)
-                            rows.append(_record(course, result, max_bytes))
-                            pending.pop((result.student, result.lab), None)
-                            _write_progress(rows, pending, course / "grades.csv")
-                            if not keep_sandboxes:
-                                shutil.rmtree(root / result.lab / students.alias(result.student), ignore_errors=True)
-                            bar.set_postfix_str(f"{result.student}: {result.status}")
-                            bar.update()
-                    except KeyboardInterrupt:
-                        cancel.set()  # each worker kills its nbgrader and kernel within half a second
-                        raise
+        ray = cluster.RayGrader(ray_address) if ray_address and pairs else None
+        try:
+            with tqdm(total=len(pairs), desc="autograding", unit="submission", disable=not progress) as bar:
+                for slots, lim, phase in phases:
+                    if not phase:
+                        continue
+                    if ray is not None:
+                        results = _on_ray(ray, course, template, specs, runs, phase, lim, root)
+                    else:
+                        results = _in_threads(slots, course, template, specs, runs, phase, lim, root, cancel, plan,
+                                              secrets)
+                    for result in results:
+                        if weaker and ray is None:
+                            result.notes.append(weaker)
+                        rows.append(_record(course, result, max_bytes))
+                        with open(_ledger(course), "a") as ledger:
+                            ledger.write(json.dumps([result.student, result.lab, fingerprint(
+                                course / "submitted" / result.student / result.lab)]) + "\n")
+                        pending.pop((result.student, result.lab), None)
+                        _write_progress(rows, pending, course / "grades.csv")
+                        if not keep_sandboxes:
+                            shutil.rmtree(root / result.lab / students.alias(result.student), ignore_errors=True)
+                        bar.set_postfix_str(f"{result.student}: {result.status}")
+                        bar.update()
+        finally:
+            if ray is not None:
+                ray.close()
     finally:
         if not keep_sandboxes:
             shutil.rmtree(root, ignore_errors=True)
@@ -296,6 +344,33 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
     rows.sort(key=lambda r: (r.lab, r.student))
     write_csv(rows, course / "grades.csv")
     return rows
+
+
+def _in_threads(slots: list[list[int]], course: Path, template: Path, specs: dict, runs: dict[str, LabRun],
+                phase: list[tuple[str, str]], limits: Limits, root: Path, cancel: threading.Event,
+                plan: isolation.Plan, secrets: list[Path]) -> Iterator[SandboxResult]:
+    """Grade ``phase`` here, in worker threads pinned to ``slots``; results as they finish."""
+    with _pool(slots) as pool:
+        futures = [pool.submit(_grade_safely, course, template, specs[lab_], lab_, s,
+                               root / lab_ / students.alias(s), limits, cancel, plan, secrets, runs[lab_])
+                   for s, lab_ in phase]
+        try:
+            for fut in as_completed(futures):
+                yield fut.result()
+        except (KeyboardInterrupt, GeneratorExit):
+            cancel.set()  # each worker kills its nbgrader and kernel within half a second
+            raise
+
+
+def _on_ray(ray: cluster.RayGrader, course: Path, template: Path, specs: dict, runs: dict[str, LabRun],
+            phase: list[tuple[str, str]], limits: Limits, root: Path) -> Iterator[SandboxResult]:
+    """Grade ``phase`` on the cluster; results as they arrive, their files under ``root``."""
+    jobs = []
+    for s, lab_ in phase:
+        b = cluster.bundle(course, template, specs[lab_], lab_, s, limits, runs[lab_])
+        jobs.append((b, cluster.task_options(lab_, limits, ray.gpus_per_node)))
+    for s, lab_, answer in ray.run(jobs):
+        yield cluster.unpack(answer, root / lab_ / students.alias(s))
 
 
 def _note_copies(course: Path, rows: list[GradeRow]) -> None:
@@ -313,18 +388,9 @@ def _note_copies(course: Path, rows: list[GradeRow]) -> None:
             print(f"similarity check of {lab_} skipped: {type(err).__name__}: {err}", flush=True)
             continue
         for row in lab_rows:
-            found = similarity.notes(copies.get(row.student, []))
+            found = [n for n in similarity.notes(copies.get(row.student, [])) if n not in row.notes]
             if found:
                 row.notes = "; ".join(filter(None, [row.notes, *found]))
-
-
-def _grade_safely(course: Path, template: Path, specs: dict, lab: str, student: str, box: Path,
-                  limits: Limits, cancel: threading.Event, plan: isolation.Plan, secrets: list[Path],
-                  run: LabRun) -> SandboxResult:
-    try:
-        return grade_in_sandbox(course, template, specs, lab, student, box, limits, cancel, plan, secrets, run)
-    except Exception as err:  # a grader bug on one submission must not stop the class
-        return SandboxResult(student, lab, status="failed", notes=[f"grader error: {type(err).__name__}: {err}"])
 
 
 def print_table(rows: list[GradeRow], seconds: float | None = None) -> None:

@@ -124,3 +124,12 @@ def write_masks(references: Iterable[Any], folder: Path) -> list[tuple[Path, Pat
 def masked_names(references: Iterable[Any]) -> list[str]:
     """The dotted names of ``references`` (for the docs and the notes)."""
     return [_target(ref)[2] for ref in references]
+
+
+def lab_references(lab: str) -> tuple:
+    """The ``REFERENCES`` of a lab's grader module (``00_setup`` -> ``gpulab.grading.lab00``)."""
+    try:
+        module = importlib.import_module(f"gpulab.grading.lab{lab[:2]}")
+    except ModuleNotFoundError:
+        return ()
+    return tuple(getattr(module, "REFERENCES", ()))

@@ -32,6 +32,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -405,3 +406,23 @@ def _collect(result: SandboxResult, box: Path, student: str, lab: str, specs: di
     read_scores(result, f"sqlite:///{box / 'gradebook.db'}", student)
     result.autograded = work
     return result
+
+
+def grade_safely(course: Path, template: Path, specs: dict, lab: str, student: str, box: Path,
+                  limits: Limits, cancel: threading.Event, plan: isolation.Plan, secrets: list[Path],
+                  run: LabRun) -> SandboxResult:
+    try:
+        return grade_in_sandbox(course, template, specs, lab, student, box, limits, cancel, plan, secrets, run)
+    except Exception as err:  # a grader bug on one submission must not stop the class
+        return SandboxResult(student, lab, status="failed", notes=[f"grader error: {type(err).__name__}: {err}"])
+
+
+def grading_root(private_tmp: bool) -> Path:
+    """A new folder for the run's grading copies. Not under ``/tmp`` when each submission gets a
+    private ``/tmp`` (it would hide the copies from nbgrader): ``/var/tmp`` then."""
+    parent = Path(tempfile.gettempdir())
+    if private_tmp and parent.resolve().is_relative_to("/tmp"):
+        parent = Path("/var/tmp")
+    root = Path(tempfile.mkdtemp(prefix="gpulab-grade-", dir=parent))
+    root.chmod(0o711)  # a kernel under a uid of its own passes through to its own folder, lists nothing
+    return root
