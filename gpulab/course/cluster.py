@@ -78,11 +78,21 @@ def _write(root: Path, files: dict[str, bytes]) -> None:
         path.write_bytes(data)
 
 
+def _node() -> str:
+    """This node as a row names it: its host, and Ray's node id where several raylets share a host."""
+    try:
+        import ray
+
+        return f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:6]}"
+    except Exception:  # not inside a Ray worker
+        return socket.gethostname()
+
+
 def grade_bundle(b: dict[str, Any]) -> dict[str, Any]:
     """Grade one bundled submission on this node (the body of the Ray task); returns plain data."""
     from gpulab import __version__
 
-    node = socket.gethostname()
+    node = _node()
     lab, student, limits = b["lab"], b["student"], b["limits"]
     if b["version"] != __version__:
         return _failed(student, lab, f"node {node} runs gpulab {__version__}, the head {b['version']}: "
@@ -109,6 +119,7 @@ def grade_bundle(b: dict[str, Any]) -> dict[str, Any]:
                                limits, threading.Event(), plan, secrets, LabRun(lab, b["seed"], expected, binds))
         if plan.note():
             result.notes.append(f"{plan.note()} (node {node})")
+        result.node = node
         out = {"result": {f.name: getattr(result, f.name) for f in fields(result)
                           if f.name not in ("autograded", "log")}, "node": node,
                "autograded": _files(result.autograded, 4 * MAX_FILE) if result.autograded else None,
@@ -118,10 +129,10 @@ def grade_bundle(b: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _failed(student: str, lab: str, why: str) -> dict[str, Any]:
-    result = SandboxResult(student, lab, status="failed", notes=[f"{why}; scored 0"])
+def _failed(student: str, lab: str, why: str, node: str | None = None) -> dict[str, Any]:
+    result = SandboxResult(student, lab, status="failed", notes=[f"{why}; scored 0"], node=node or _node())
     return {"result": {k: v for k, v in asdict(result).items() if k not in ("autograded", "log")},
-            "node": socket.gethostname(), "autograded": None, "log": b""}
+            "node": result.node, "autograded": None, "log": b""}
 
 
 def unpack(data: dict[str, Any], box: Path) -> SandboxResult:
@@ -175,7 +186,7 @@ class RayGrader:
                 yield student, lab, ray.get(done[0])
             except (ray.exceptions.RayError, OSError) as err:
                 why = f"the grading task failed on the cluster ({type(err).__name__}) after {RETRIES} retries"
-                yield student, lab, _failed(student, lab, why)
+                yield student, lab, _failed(student, lab, why, node="lost")
 
     def close(self) -> None:
         self.ray.shutdown()

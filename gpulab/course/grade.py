@@ -22,6 +22,7 @@ import os
 import secrets as secrets_mod
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -311,6 +312,9 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
         phases = [(cpu_slots(jobs), limits, [p for p in pairs if p[1] not in alone]),
                   (cpu_slots(1), limits_alone, [p for p in pairs if p[1] in alone])]
         ray = cluster.RayGrader(ray_address) if ray_address and pairs else None
+        per_node: dict[str, int] = {}
+        took: list[tuple[float, str, str]] = []
+        t_start = time.monotonic()
         try:
             with tqdm(total=len(pairs), desc="autograding", unit="submission", disable=not progress) as bar:
                 for slots, lim, phase in phases:
@@ -332,11 +336,22 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
                         _write_progress(rows, pending, course / "grades.csv")
                         if not keep_sandboxes:
                             shutil.rmtree(root / result.lab / students.alias(result.student), ignore_errors=True)
-                        bar.set_postfix_str(f"{result.student}: {result.status}")
+                        took.append((result.seconds, result.student, result.lab))
+                        postfix = f"{students.shown(result.student)}: {result.status}"
+                        if result.node:  # on a cluster: each node's throughput so far
+                            per_node[result.node] = per_node.get(result.node, 0) + 1
+                            minutes = max(time.monotonic() - t_start, 1.0) / 60
+                            postfix += " | " + ", ".join(f"{n} {c / minutes:.1f}/min" for n, c in sorted(per_node.items()))
+                        bar.set_postfix_str(postfix)
                         bar.update()
         finally:
             if ray is not None:
                 ray.close()
+        if progress and took:
+            print("slowest: " + ", ".join(f"{students.shown(st)} ({lab_}) {sec:.0f} s"
+                                          for sec, st, lab_ in sorted(took, reverse=True)[:3]), flush=True)
+        if progress and per_node:
+            print("graded per node: " + ", ".join(f"{n} {c}" for n, c in sorted(per_node.items())), flush=True)
     finally:
         if not keep_sandboxes:
             shutil.rmtree(root, ignore_errors=True)

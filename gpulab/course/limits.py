@@ -117,5 +117,6 @@ class SandboxResult:
     autograded: Path | None = None
     log: Path | None = None
     seconds: float = 0.0
+    node: str = ""  # where it was graded, on a Ray cluster (gpulab.course.cluster)
     landlock: bool | None = None
     peaks: dict[str, int | None] = field(default_factory=dict)
