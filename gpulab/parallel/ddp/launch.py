@@ -154,7 +154,9 @@ def launch(
         port: try this rendezvous port first (a free one is used, with a warning, if it is taken).
         start_method: force ``"fork"`` or ``"spawn"`` (default: chosen as the module docstring says).
         threads: intra-op threads per rank; default ``cores // world_size`` (at least 1), so the
-            ranks do not oversubscribe the cores they share.
+            ranks do not oversubscribe the cores they share. A rank forked from a caller whose
+            thread pool has more than one thread gets 1: GNU OpenMP (torch's CPU thread pool) hangs
+            in such a child as soon as it uses more (torch's DataLoader workers take 1 for the same reason).
         echo: print each rank's output here, prefixed ``[rank r]``.
 
     Returns:
@@ -185,6 +187,13 @@ def launch(
     args = tuple(args)
     backend = resolve_backend(backend, world_size)
     method = _choose_start_method(fn, args, backend, start_method)
+    if method == "fork" and torch.get_num_threads() > 1:  # this process's OpenMP pool may be running
+        if threads is not None and threads > 1:
+            warnings.warn(f"threads={threads}: a rank forked from a process with {torch.get_num_threads()} intra-op "
+                          "threads runs one (OpenMP's pool cannot be used again after a fork); call "
+                          "torch.set_num_threads(1) before the first parallel op here, or start_method='spawn'",
+                          stacklevel=2)
+        threads = 1
     threads = threads or threads_per_rank(world_size)
     deadline = time.monotonic() + timeout
     wanted = port

@@ -225,3 +225,21 @@ def test_nccl_after_cuda_init_in_the_caller_uses_spawn():
     torch.zeros(1, device="cuda")  # initialise CUDA here: fork is no longer usable for nccl ranks
     assert startup._choose_start_method(_port, (), "nccl", None) == "spawn"
     assert launch(_port, 2, backend="nccl", echo=False)[0] > 0
+
+
+def _threads_after_a_matmul(rank: int, world_size: int) -> int:
+    a = torch.randn(256, 256)
+    (a @ a).sum()  # hung here, in OpenMP, when the rank was forked with 2 threads after the parent used its pool
+    return torch.get_num_threads()
+
+
+def test_a_forked_rank_runs_one_thread_after_the_parent_used_openmp() -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.randn(512, 512) @ torch.randn(512, 512)  # the caller's thread pool is in use, as in any notebook
+        with pytest.warns(UserWarning, match="one"):
+            got = launch(_threads_after_a_matmul, 2, threads=2, echo=False, timeout=60, start_method="fork")
+    finally:
+        torch.set_num_threads(before)
+    assert got == [1, 1]
