@@ -35,12 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpulab import MaskedReference
+from gpulab.devices.compiler import cxx_compiler_name, find_cxx_compiler, missing_compiler_fix
 from gpulab.devices.doctor_text import format_report
 from gpulab.devices.nvml import close_nvml, open_nvml
 from gpulab.devices.physical import cuda_device_count
+from gpulab.devices.share import current as current_share
 from gpulab.labs import LABS
 
-__all__ = ["Facts", "GpuInfo", "Problem", "probe", "diagnose", "compatibility_notes", "lab_modes", "report",
+__all__ = ["Facts", "GpuInfo", "Problem", "probe", "diagnose", "compatibility_notes", "toolchain_problems", "lab_modes", "report",
            "format_report", "main"]
 
 CUDA_WHEEL_HINT = "pip install --force-reinstall torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
@@ -79,6 +81,7 @@ class Facts:
     cpu_count: int | None = None
     cpu_count_physical: int | None = None
     ram_bytes: int | None = None
+    cxx_compiler: str | None = None  # the path of torch.compile's C++ compiler (CPU); "missing"; None: not checked
     errors: list[str] = field(default_factory=list)
 
 
@@ -159,6 +162,7 @@ def _probe_host(f: Facts) -> None:
     f.cpu_count = os.cpu_count()
     f.cuda_visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES")
     f.nvidia_smi = shutil.which("nvidia-smi") is not None
+    f.cxx_compiler = find_cxx_compiler() or "missing"
     try:
         import psutil
 
@@ -246,6 +250,15 @@ def compatibility_notes(f: Facts) -> list[Problem]:
     )]
 
 
+def toolchain_problems(f: Facts) -> list[Problem]:
+    """A missing C++ compiler: torch.compile cannot build its CPU kernels (lab 12). Kept out of
+    :func:`diagnose`, lab 00's exercise, which triages installs of torch and CUDA."""
+    if f.cxx_compiler != "missing":
+        return []
+    return [Problem("no-cxx-compiler", f"torch.compile on a CPU needs a C++ compiler, and `{cxx_compiler_name()}` "
+                    "is not on PATH (lab 12's compiled cells cannot run)", missing_compiler_fix())]
+
+
 def lab_modes(f: Facts) -> list[dict[str, Any]]:
     """For each lab: ``real`` if this machine has the GPUs it needs, else ``logical``."""
     gpus = f.torch_gpu_count if f.cuda_available else 0
@@ -277,6 +290,7 @@ def report(f: Facts | None = None) -> dict[str, Any]:
         problems, notes, masked = diagnose(f), compatibility_notes(f), None
     except MaskedReference as err:
         problems, notes, masked = [], [], f"no findings: {err}"
+    problems += toolchain_problems(f)
     out = {
         "mode": summary_mode(f),
         "facts": dataclasses.asdict(f),
@@ -286,6 +300,9 @@ def report(f: Facts | None = None) -> dict[str, Any]:
     }
     if masked:
         out["masked"] = masked
+    share = current_share()  # on a course hub (make hub): what this student's server was given
+    if share is not None:
+        out["share"] = share
     return out
 
 

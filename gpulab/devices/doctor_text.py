@@ -27,6 +27,8 @@ def format_report(rep: dict[str, Any]) -> str:
     lines.append(f"cuDNN:       {f['cudnn_version'] or '-'}" + (f" (check: {f['cudnn_check']})" if f["cudnn_check"] else ""))
     lines.append(f"backends:    nccl {'yes' if f['nccl_available'] else 'no'}, gloo {'yes' if f['gloo_available'] else 'no'}")
     lines.append(f"CPU:         {f['cpu_count']} logical cores ({f['cpu_count_physical']} physical), RAM {_gib(f['ram_bytes'])}")
+    if f.get("cxx_compiler"):
+        lines.append(f"C++:         {f['cxx_compiler']} (torch.compile builds its CPU kernels with it)")
     if f["cuda_visible_devices"] is not None:
         lines.append(f"CUDA_VISIBLE_DEVICES={f['cuda_visible_devices']!r}")
     if f["gpus"]:
@@ -34,6 +36,10 @@ def format_report(rep: dict[str, Any]) -> str:
             lines.append(f"GPU {g['index']}:       {g['name']}, {_gib(g['memory_total_bytes'])}, compute capability {g['compute_capability']}")
     else:
         lines.append("GPUs:        none. This is a CPU-only machine: every lab runs here, multi-device parts on logical devices.")
+    if rep.get("share"):
+        from gpulab.devices.share import describe
+
+        lines.extend(describe(rep["share"]))
     lines.append("")
     if rep.get("masked"):
         lines.append(f"Diagnosis:   {rep['masked']}")

@@ -174,7 +174,7 @@ FACT_KEYS = {
     "python", "platform", "torch_version", "torch_cuda_build", "cuda_available", "torch_gpu_count",
     "cudnn_version", "cudnn_check", "nvml", "driver_version", "driver_cuda_version", "gpus", "nvidia_smi",
     "cuda_visible_devices", "nccl_available", "gloo_available", "cpu_count", "cpu_count_physical", "ram_bytes",
-    "errors",
+    "cxx_compiler", "errors",
 }
 A100_80 = {"name": "NVIDIA A100-SXM4-80GB", "memory_total_bytes": 80 * 2**30, "compute_capability": "8.0"}
 
@@ -210,9 +210,10 @@ def server(monkeypatch):
         monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
         monkeypatch.setattr(dist, "is_gloo_available", lambda: True)
         monkeypatch.setattr(os, "cpu_count", lambda: 16)
+        monkeypatch.delenv("CXX", raising=False)
         monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 16 if logical else 8)
         monkeypatch.setattr(psutil, "virtual_memory", lambda: types.SimpleNamespace(total=64 * 2**30))
-        monkeypatch.setattr(shutil, "which", lambda name, *a, **k: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
+        monkeypatch.setattr(shutil, "which", lambda name, *a, **k: {"nvidia-smi": "/usr/bin/nvidia-smi", "g++": "/usr/bin/g++"}.get(name))
         if visible is None:
             monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         else:
@@ -231,7 +232,7 @@ def test_the_probe_of_a_known_machine_gives_every_fact(server) -> None:
         "nvml": "ok", "driver_version": "550.54.15", "driver_cuda_version": "12.4",
         "gpus": [{"index": 0, **A100_80}, {"index": 1, **A100_80}],
         "nvidia_smi": True, "cuda_visible_devices": None, "nccl_available": True, "gloo_available": True,
-        "cpu_count": 16, "cpu_count_physical": 8, "ram_bytes": 64 * 2**30, "errors": [],
+        "cpu_count": 16, "cpu_count_physical": 8, "ram_bytes": 64 * 2**30, "cxx_compiler": "/usr/bin/g++", "errors": [],
     }
 
 
@@ -319,3 +320,13 @@ def test_a_single_gpu_machine_runs_the_one_gpu_labs_for_real() -> None:
     assert rows["00_setup"] == ("real", "cpu + cuda") and rows["01_bottleneck"] == ("real", "1 GPU(s)")
     assert rows["04_dataparallel"] == ("logical", "4 logical devices sharing cuda:0 (simulated)")
     assert rows["07_model_parallel"] == ("logical", "2 logical devices on the CPU, one thread each (simulated)")
+
+
+def test_a_machine_without_a_cxx_compiler_is_told_how_to_get_one(server, monkeypatch, capsys) -> None:
+    server()
+    monkeypatch.setenv("CXX", "no-such-c++")  # inductor would run $CXX: it is not on PATH
+    rep = doctor.report(doctor.probe())
+    assert rep["facts"]["cxx_compiler"] == "missing"
+    [problem] = [p for p in rep["problems"] if p["code"] == "no-cxx-compiler"]
+    assert "`no-such-c++` is not on PATH" in problem["message"] and "apt-get install g++" in problem["fix"]
+    assert doctor.toolchain_problems(Facts()) == []  # not checked is not missing
