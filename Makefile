@@ -38,7 +38,7 @@ PORT    ?= 8888
 INSTRUCTOR ?=
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock setup-browser lab test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean
+.PHONY: help setup lock setup-browser lab test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean hub-setup hub hub-release hub-collect hub-feedback test-hub
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -74,7 +74,7 @@ $(STAMP): pyproject.toml constraints.txt requirements.lock $(TORCH_STAMP)
 
 # The lock: pyproject's extras resolved for Python 3.11 on every platform (uv's --universal), with
 # hashes. torch and its CUDA-only wheels are left out: they come from TORCH_INDEX (see above).
-LOCK_EXTRAS := course search browser test
+LOCK_EXTRAS := course search hub browser test
 LOCK_SKIP   := torch triton cuda-bindings cuda-pathfinder cuda-toolkit nvidia-cublas nvidia-cuda-cupti \
 	nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand \
 	nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvjitlink \
@@ -114,6 +114,53 @@ test-browser: setup  ## JupyterLab as `make lab` starts it, driven in headless C
 	@"$(PY)" -c "import playwright.sync_api" 2>/dev/null || { echo "Playwright is missing from $(VENV): run make setup" >&2; exit 1; }
 	CHROMIUM="$(CHROMIUM)" "$(PY)" -m pytest tests/browser/browser_lab.py -v -p no:cacheprovider $(PYTEST_ARGS)
 
+# make hub: the class on one server (docs/instructor.md, "Host the class on one server"). JupyterHub
+# (PyPI, in requirements.lock) comes with make setup; configurable-http-proxy (npm) goes into
+# .venv/lib/gpulab-hub, installed here when missing. Run as root (sudo): PAM logins, each server started as its user.
+ROSTER  ?=
+CREATE_USERS ?=
+HUB_IP  ?= 127.0.0.1
+HUB_PORT ?= 8000
+BASE_URL ?= /
+SSL_CERT ?=
+SSL_KEY ?=
+HUB_STATE ?= /var/lib/gpulab-hub
+EXCHANGE ?= /usr/local/share/nbgrader/exchange
+CULL_IDLE ?= 3600
+CPUS_PER_STUDENT ?=
+MEM_PER_STUDENT ?=
+DUE     ?=
+HUB_PROXY := $(VENV)/lib/gpulab-hub/node_modules/.bin/configurable-http-proxy
+hub-setup: setup
+	@"$(PY)" -c "import jupyterhub, jupyterhub_idle_culler" 2>/dev/null || \
+		{ echo "JupyterHub is missing from $(VENV) (the hub extra of requirements.lock): run make setup" >&2; exit 1; }
+	@if [ ! -x "$(HUB_PROXY)" ]; then \
+		if ! command -v npm >/dev/null; then echo "installing nodejs and npm (apt), for configurable-http-proxy"; \
+			$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm >/dev/null; fi; \
+		npm install --silent --no-audit --no-fund --prefix "$(VENV)/lib/gpulab-hub" "configurable-http-proxy@4"; fi
+
+hub: hub-setup  ## JupyterHub for the class, as root: make hub ROSTER=roster.csv [CREATE_USERS=1 HUB_PORT= BASE_URL= SSL_CERT= SSL_KEY= HUB_IP=]
+	"$(PY)" -m gpulab.hub serve --roster "$(ROSTER)" --course "$(COURSE)" --state "$(HUB_STATE)" --exchange "$(EXCHANGE)" \
+		--ip "$(HUB_IP)" --port $(HUB_PORT) --base-url "$(BASE_URL)" --cull-idle $(CULL_IDLE) $(if $(filter 1,$(CREATE_USERS)),--create-users) \
+		$(if $(SSL_CERT),--ssl-cert "$(SSL_CERT)" --ssl-key "$(SSL_KEY)") $(if $(CPUS_PER_STUDENT),--cpus-per-student $(CPUS_PER_STUDENT)) \
+		$(if $(MEM_PER_STUDENT),--mem-per-student $(MEM_PER_STUDENT))
+
+hub-release: setup  ## release a lab to the hub's exchange: make hub-release LAB=00_setup [DUE="2026-10-01 17:00:00 UTC"]
+	"$(PY)" -m gpulab.hub release --course "$(COURSE)" --state "$(HUB_STATE)" --lab "$(LAB)" $(if $(DUE),--due "$(DUE)")
+
+hub-collect: setup  ## the exchange's submissions of a lab -> notebooks/submitted/ (then make grade): make hub-collect LAB=00_setup
+	"$(PY)" -m gpulab.hub collect --course "$(COURSE)" --state "$(HUB_STATE)" --lab "$(LAB)"
+
+hub-feedback: setup  ## clean feedback of a graded lab, released through the exchange: make hub-feedback LAB=00_setup
+	"$(PY)" -m gpulab.hub feedback --course "$(COURSE)" --state "$(HUB_STATE)" --lab "$(LAB)"
+
+# a real hub on loopback, three students and an instructor as real local accounts (root; made and
+# removed by the test), driven in headless Chromium; screenshots in test-artifacts/hub/
+test-hub: hub-setup  ## the class on one server, end to end in a real browser (root; Chromium from make setup-browser); screenshots in test-artifacts/hub/
+	@[ -x "$(CHROMIUM)" ] || { echo "no Chromium at $(CHROMIUM): run make setup-browser (or give CHROMIUM=/path/to/chromium)" >&2; exit 1; }
+	@"$(PY)" -c "import playwright.sync_api" 2>/dev/null || { echo "Playwright is missing from $(VENV): run make setup" >&2; exit 1; }
+	CHROMIUM="$(CHROMIUM)" "$(PY)" -m pytest tests/browser/browser_hub.py -v -p no:cacheprovider $(PYTEST_ARGS)
+
 release: setup  ## nbgrader generate_assignment for every lab (notebooks/release)
 	"$(PY)" -m gpulab.course release --course "$(COURSE)" $(if $(LAB),--lab $(LAB))
 
@@ -136,7 +183,7 @@ collect: setup  ## import an LMS download: make collect LAB=00_setup ARCHIVE=sub
 bench: setup  ## run every benchmark; each prints one JSON line
 	@for b in benchmarks/*.py; do echo "== $$b"; "$(PY)" "$$b"; done
 
-gpu-check: setup  ## on a GPU machine: GPU tests, labs 02/06/07/08/09/10 graded, benchmarks -> benchmarks/results/*-<gpu>.json (install a CUDA torch: TORCH_INDEX=...)
+gpu-check: setup  ## on a GPU machine: GPU tests, labs 02/06/07/08/09/10/11/12 graded, benchmarks -> benchmarks/results/*-<gpu>.json (install a CUDA torch: TORCH_INDEX=...)
 	"$(PY)" tools/gpu_check.py
 
 doctor: setup  ## what this machine has, and what will run on real devices

@@ -75,7 +75,7 @@ def run(course: Path, nodes: int, kill: bool = False) -> float:
 
 
 def projection(students: int = 500, cores: int = 16) -> dict[str, float]:
-    """Hours for ``students`` x every lab on 1, 4 and 16 nodes of ``cores`` cores (see the module doc)."""
+    """Hours for ``students`` x every lab with a recorded cost on 1, 4 and 16 nodes of ``cores`` cores (see the module doc)."""
     costs = json.loads((REPO / "benchmarks" / "results" / "lab_costs-cpu.json").read_text())["graded_three_runs_s"]
     limits = Limits(memory_mb=2048)
     out = {}
@@ -88,7 +88,8 @@ def projection(students: int = 500, cores: int = 16) -> dict[str, float]:
                 alone += math.ceil(students / nodes) * per
             else:
                 shared += students * per * opts["num_cpus"] / (nodes * cores)
-        out[f"projected_hours_500x11_{nodes}_nodes_x{cores}"] = round((shared + alone) / 3600, 1)
+        out[f"projected_hours_{students}_students_{nodes}_nodes_x{cores}"] = round((shared + alone) / 3600, 1)
+    out["projected_labs"] = len(costs)
     return out
 
 
@@ -109,7 +110,7 @@ def main() -> None:
            "rows": len(rows), "lost": lost, "duplicated": len(names) - len(set(names)),
            "one_node_s": round(one, 1), "two_nodes_s": round(two, 1), "two_vs_one_node_throughput": round(one / two, 2),
            "killed_node_run_s": round(killed_s, 1), "note": "nodes are one-CPU raylets sharing this machine",
-           "projection": "PROJECTION, not a measurement: recorded per-lab costs x 500 students over nodes of 16 cores",
+           "projection": "PROJECTION, not a measurement: recorded per-lab costs x 500 students x every lab, over nodes of 16 cores",
            **projection()}
     print(json.dumps(out))
 

@@ -44,4 +44,9 @@ LABS: tuple[Lab, ...] = (
         "2 and 4 gloo processes on the CPU (gloo ranks keep CPU tensors, even beside a GPU)"),
     Lab("10_search", "hyperparameter search", "grid, random, TPE and ASHA on Ray Tune; packing trials with fractional resources", 1,
         "Ray trials on the cores of {physical}, packed per core instead of per GPU", timed_alone=True),
+    Lab("11_tensor_parallel", "tensor parallelism", "f and g, column/row-parallel linears, a TP MLP and attention, DTensor beside", 2,
+        "2 and 4 gloo processes on the CPU (gloo ranks keep CPU tensors, even beside a GPU)"),
+    Lab("12_launch_bound", "the launch-bound step", "MFU, the fixed cost per op, overhead/memory/compute bounds, "
+        "torch.compile and its graph breaks, CUDA graphs, the roofline", 1,
+        "{physical}: the dispatcher's cost per op plays the launch cost; CUDA-graph timelines simulated"),
 )

@@ -13,6 +13,12 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 # Files that are not part of a lab: never copied into release/ or collected.
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.h5", "*.h5.tmp*"]
 
+# Late submissions, the one place to set their penalty: a submission after the lab's due date (set with
+# `make hub-release LAB=... DUE="2026-10-01 17:00:00 UTC"`, or in the formgrader) scores 0. nbgrader's
+# default, "none", only records how late it was; a subclass of nbgrader's LateSubmissionPlugin set as
+# c.AssignLatePenalties.plugin_class gives any other rule. make grade applies it as nbgrader autograde does.
+c.LateSubmissionPlugin.penalty_method = "zero"
+
 # Prepended to every released notebook: how to work and how grading works.
 c.IncludeHeaderFooter.header = "source/header.ipynb"
 

@@ -33,7 +33,7 @@ def test_the_plan_covers_the_gpu_tests_six_labs_and_the_benchmarks(monkeypatch, 
     assert gpu_check.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "*-nvidia-h100-80gb-hbm3-x2.json" in out and "gpu or multigpu" in out
-    for lab in ("02_pipeline", "06_ddp", "07_model_parallel", "08_oom", "09_sharding", "10_search"):
+    for lab in ("02_pipeline", "06_ddp", "07_model_parallel", "08_oom", "09_sharding", "10_search", "11_tensor_parallel"):
         assert f"lab:{lab}" in out
     assert "benchmarks/ddp.py" in out and "benchmarks/grading.py" not in out
 

@@ -5,7 +5,7 @@
 
 1. every GPU-marked test (``pytest -m "gpu or multigpu"``), in file order and again shuffled
    (``--shuffle SEED``, tests/conftest.py): every GPU test must pass in any order;
-2. labs 02, 06, 07, 08, 09 and 10 end to end as ``make grade`` grades them (tools/gradelab.py): the
+2. labs 02, 06, 07, 08, 09, 10, 11 and 12 end to end as ``make grade`` grades them (tools/gradelab.py): the
    source notebook must score full marks and the release copy zero;
 3. every benchmark but the grading one (a CPU cost), each result saved as
    ``benchmarks/results/<benchmark>-<gpu tag>.json`` beside the GPU, driver and torch it ran on.
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
-LABS = ("02_pipeline", "06_ddp", "07_model_parallel", "08_oom", "09_sharding", "10_search")
+LABS = ("02_pipeline", "06_ddp", "07_model_parallel", "08_oom", "09_sharding", "10_search", "11_tensor_parallel", "12_launch_bound")
 NOT_ON_GPU = ("grading.py",)  # benchmarks of the course tools: CPU work wherever they run
 
 

@@ -127,6 +127,10 @@ def merge(course: Path, result: SandboxResult, max_bytes: int = 100 * 2**20) -> 
             raise
         sub = gb.find_submission(result.lab, student)
         score, max_score = float(sub.score), float(sub.max_score)
+        penalty = float(sub.late_submission_penalty or 0)
+        if penalty:  # nbgrader keeps the penalty beside the score; grades.csv shows what counts
+            result.notes.append(f"late: {penalty:g} point(s) off ({score:g} before the penalty)")
+            score = max(0.0, score - penalty)
         if graded:
             written, other = _waiting(sub)
             if written:

@@ -1,0 +1,126 @@
+"""The term's loop through the exchange, one command per step (run in the repository, by the
+instructor or by root; each nbgrader step runs as the **course folder's owner**, so the files it
+writes stay the instructor's and the formgrader can still write them):
+
+    make hub-release  LAB=00_setup [DUE="2026-10-01 17:00:00 UTC"]   # generate, then release to the exchange
+    make hub-collect  LAB=00_setup       # the exchange's latest submission of each student -> notebooks/submitted/
+    make grade        LAB=00_setup       # as for any class (sandboxed, in parallel)
+    make hub-feedback LAB=00_setup       # the kit's clean feedback (hidden tests removed), released to the exchange
+
+Each nbgrader command runs with the instructor's settings of the running hub
+(``<state>/jupyter/instructor``: the exchange and the course id), in the course root.
+``make grade`` run as root leaves root's files in the course; ``hub-feedback`` gives them back to
+the course's owner first.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+
+def owner(course: str | Path) -> pwd.struct_passwd:
+    return pwd.getpwuid(Path(course).stat().st_uid)
+
+
+def _env(state: str | Path, who: pwd.struct_passwd) -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if k in ("LANG", "LC_ALL", "TERM")}
+    env.update(PATH=os.pathsep.join([venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]), HOME=who.pw_dir,
+               USER=who.pw_name, LOGNAME=who.pw_name,
+               JUPYTER_CONFIG_PATH=str(Path(state) / "jupyter" / "instructor"))
+    return env
+
+
+def run_as_owner(course: str | Path, state: str | Path, argv: list[str]) -> int:
+    """Run ``argv`` in the course root as its owner (directly when that is who is running)."""
+    course = Path(course).resolve()
+    who = owner(course)
+    if not (Path(state) / "jupyter" / "instructor" / "nbgrader_config.py").exists():
+        print(f"error: no hub settings in {state}/jupyter/instructor: start the hub once (make hub ROSTER=...), "
+              "or pass the same HUB_STATE= as make hub", file=sys.stderr)
+        return 2
+    prefix: list[str] = []
+    if os.geteuid() != who.pw_uid:
+        if os.geteuid() != 0:
+            print(f"error: {course} belongs to {who.pw_name}: run this as {who.pw_name} or with sudo", file=sys.stderr)
+            return 2
+        prefix = ["setpriv", f"--reuid={who.pw_uid}", f"--regid={who.pw_gid}", "--init-groups", "--"]
+    print("$ " + " ".join(argv) + (f"   (as {who.pw_name})" if prefix else ""), flush=True)
+    return subprocess.run(prefix + argv, cwd=course, env=_env(state, who), check=False).returncode
+
+
+def give_back(course: str | Path) -> int:
+    """Give the files root left in the course (``make grade`` as root) to the course's owner;
+    returns how many. Links are changed, never followed."""
+    course = Path(course)
+    who = owner(course)
+    if os.geteuid() != 0 or who.pw_uid == 0:
+        return 0
+    changed = 0
+    for dirpath, dirnames, filenames in os.walk(course):
+        for name in [*dirnames, *filenames]:
+            p = os.path.join(dirpath, name)
+            if os.lstat(p).st_uid == 0:
+                os.chown(p, who.pw_uid, who.pw_gid, follow_symlinks=False)
+                changed += 1
+    return changed
+
+
+def nbgrader(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "nbgrader"), *args]
+
+
+def release(course: str | Path, state: str | Path, lab: str, due: str | None = None) -> int:
+    """Generate the student version of ``lab`` and release it to the exchange."""
+    steps = [[sys.executable, "-m", "gpulab.course", "release", "--course", ".", "--lab", lab]]
+    if due:
+        steps.append(nbgrader("db", "assignment", "add", lab, f"--duedate={due}"))
+    steps.append(nbgrader("release_assignment", lab, "--force"))
+    for argv in steps:
+        if (rc := run_as_owner(course, state, argv)) != 0:
+            return rc
+    return 0
+
+
+def collect(course: str | Path, state: str | Path, lab: str) -> int:
+    """Collect each student's latest submission of ``lab`` from the exchange into ``submitted/``
+    (``--update``: a later submission replaces an earlier one)."""
+    return run_as_owner(course, state, nbgrader("collect", lab, "--update"))
+
+
+def feedback(course: str | Path, state: str | Path, lab: str) -> int:
+    """The kit's feedback of ``lab`` (hidden tests removed, checked), released to the exchange."""
+    given = give_back(course)
+    if given:
+        print(f"gave {given} file(s) that root wrote in {course} back to {owner(course).pw_name}")
+    rc = run_as_owner(course, state, [sys.executable, "-m", "gpulab.course", "feedback", "--course", ".", "--lab", lab])
+    if rc != 0:
+        return rc
+    pair_with_submissions(course, lab)
+    give_back(course)
+    return run_as_owner(course, state, nbgrader("release_feedback", lab))
+
+
+# what nbgrader's release_feedback reads beside each page to address it to the submission it answers
+SUBMISSION_FILES = ("timestamp.txt", "submission_secret.txt")
+
+
+def pair_with_submissions(course: str | Path, lab: str) -> int:
+    """Copy each submission's ``timestamp.txt`` and ``submission_secret.txt`` next to its feedback
+    page where the page has none; returns how many were copied.
+
+    nbgrader's ``release_feedback`` names each page in the exchange by a hash of the submission's
+    secret, which only the submitting student's ``fetch_feedback`` can compute (so nobody fetches
+    another's page); it reads the secret from the feedback folder."""
+    course, copied = Path(course), 0
+    for page_dir in (course / "feedback").glob(f"*/{lab}"):
+        submitted = course / "submitted" / page_dir.parent.name / lab
+        for name in SUBMISSION_FILES:
+            if not (page_dir / name).exists() and (submitted / name).is_file():
+                (page_dir / name).write_bytes((submitted / name).read_bytes())
+                copied += 1
+    return copied
