@@ -57,15 +57,21 @@ def _files(folder: Path, max_total: int, skip: tuple[str, ...] = ()) -> dict[str
         return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def bundle(course: Path, template: Path, specs: dict[str, integrity.NotebookSpec], lab: str, student: str,
-           limits: Limits, run: LabRun) -> dict[str, Any]:
-    """What a node needs to grade one submission, with no file of the head's."""
+def lab_bundle(course: Path, template: Path, specs: dict[str, integrity.NotebookSpec], lab: str, limits: Limits,
+               run: LabRun) -> dict[str, Any]:
+    """What a node needs to grade any submission of ``lab``, with no file of the head's: read once per
+    lab and put in Ray's object store once, however many submissions it serves."""
     from gpulab import __version__
 
-    return {"version": __version__, "lab": lab, "student": student, "limits": limits, "specs": specs,
+    return {"version": __version__, "lab": lab, "limits": limits, "specs": specs,
             "seed": run.seed, "config": (course / "nbgrader_config.py").read_bytes(),
             "source": _files(course / "source" / lab, 64 * 2**20, skip=("*.ipynb",)),
-            "template": template.read_bytes(), "expected": run.expected.read_bytes(),
+            "template": template.read_bytes(), "expected": run.expected.read_bytes()}
+
+
+def bundle(course: Path, lab: str, student: str, limits: Limits) -> dict[str, Any]:
+    """One submission's own part: its files."""
+    return {"lab": lab, "student": student,
             "submission": _files(course / "submitted" / student / lab, limits.max_submission_mb * 2**20)}
 
 
@@ -88,10 +94,12 @@ def _node() -> str:
         return socket.gethostname()
 
 
-def grade_bundle(b: dict[str, Any]) -> dict[str, Any]:
-    """Grade one bundled submission on this node (the body of the Ray task); returns plain data."""
+def grade_bundle(shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """Grade one bundled submission (:func:`lab_bundle` and :func:`bundle`) on this node (the body of
+    the Ray task); returns plain data."""
     from gpulab import __version__
 
+    b = {**shared, **own}
     node = _node()
     lab, student, limits = b["lab"], b["student"], b["limits"]
     if b["version"] != __version__:
@@ -170,14 +178,19 @@ class RayGrader:
         self.gpus_per_node = max((n["Resources"].get("GPU", 0) for n in nodes), default=0)
         self.whole_nodes = sum(n["Resources"].get(WHOLE_NODE, 0) for n in nodes)
 
-    def run(self, jobs: list[tuple[dict[str, Any], dict[str, Any]]]) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        """Submit every ``(bundle, options)``; yield ``(student, lab, answer)`` in the order they finish.
+    def put(self, value: Any) -> Any:
+        """``value`` in the cluster's object store, once (a lab's shared bundle)."""
+        return self.ray.put(value)
+
+    def run(self, jobs: list[tuple[Any, dict[str, Any], dict[str, Any]]]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """Submit every ``(lab bundle or its ref, bundle, options)``; yield ``(student, lab, answer)`` in the
+        order they finish.
         A task that failed for good (its node died more than :data:`RETRIES` times) yields a failed row."""
         ray = self.ray
-        if any("resources" in opts for _, opts in jobs) and not self.whole_nodes:
+        if any("resources" in opts for _, _, opts in jobs) and not self.whole_nodes:
             raise ValueError(f"no node of the cluster offers the {WHOLE_NODE!r} resource, which a lab graded alone "
                              f"needs: start the grading nodes with --resources='{{\"{WHOLE_NODE}\": 1}}'")
-        refs = {self.remote.options(**opts).remote(b): (b["student"], b["lab"]) for b, opts in jobs}
+        refs = {self.remote.options(**opts).remote(shared, b): (b["student"], b["lab"]) for shared, b, opts in jobs}
         waiting = list(refs)
         while waiting:
             done, waiting = ray.wait(waiting, num_returns=1)

@@ -380,10 +380,10 @@ def _in_threads(slots: list[list[int]], course: Path, template: Path, specs: dic
 def _on_ray(ray: cluster.RayGrader, course: Path, template: Path, specs: dict, runs: dict[str, LabRun],
             phase: list[tuple[str, str]], limits: Limits, root: Path) -> Iterator[SandboxResult]:
     """Grade ``phase`` on the cluster; results as they arrive, their files under ``root``."""
-    jobs = []
-    for s, lab_ in phase:
-        b = cluster.bundle(course, template, specs[lab_], lab_, s, limits, runs[lab_])
-        jobs.append((b, cluster.task_options(lab_, limits, ray.gpus_per_node)))
+    shared = {lab_: ray.put(cluster.lab_bundle(course, template, specs[lab_], lab_, limits, runs[lab_]))
+              for lab_ in sorted({lab_ for _, lab_ in phase})}
+    jobs = [(shared[lab_], cluster.bundle(course, lab_, s, limits), cluster.task_options(lab_, limits, ray.gpus_per_node))
+            for s, lab_ in phase]
     for s, lab_, answer in ray.run(jobs):
         yield cluster.unpack(answer, root / lab_ / students.alias(s))
 
