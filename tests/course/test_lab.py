@@ -96,7 +96,7 @@ def test_validate_in_the_students_lab_keeps_the_courses_limit(tmp_path: Path) ->
 
     work = tmp_path / "work"
     (work / "00_x").mkdir(parents=True)
-    slow = nbformat.v4.new_code_cell("import time\ntime.sleep(60)\nanswer = 42")
+    slow = nbformat.v4.new_code_cell("import time\ntime.sleep(40)\nanswer = 42")
     test = nbformat.v4.new_code_cell("assert answer == 42")
     test.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t", "points": 1, "locked": True,
                                  "schema_version": 3}
@@ -117,7 +117,7 @@ def test_validate_in_the_students_lab_keeps_the_courses_limit(tmp_path: Path) ->
         t0 = time.perf_counter()
         with urllib.request.urlopen(req, timeout=250) as resp:
             result = json.loads(resp.read())
-        assert time.perf_counter() - t0 > 55  # the cell ran to the end
+        assert time.perf_counter() - t0 > 38  # the cell ran to the end, past nbgrader's 30 s
         assert result["success"], result
         value = result["value"] if isinstance(result["value"], dict) else json.loads(result["value"])
         assert not value.get("failed"), value
