@@ -1,24 +1,14 @@
-"""A cgroup per submission: a cap on processes (``pids.max``), a cap on memory, and a kill of
-every process in it at the end, so that nothing a submission started outlives it.
+"""A cgroup per submission: a cap on tasks (``pids.max``), a cap on memory, and a kill of every
+process in it at the end, so that nothing a submission started outlives it.
 
-Linux offers two layouts, and a machine may mix them:
-
-- **cgroup v2** (one tree, usually at ``/sys/fs/cgroup``): the grader creates
-  ``<its own cgroup>/gpulab-grade-<pid>-<n>`` and writes ``pids.max`` and ``memory.max`` there.
-  That needs the ``pids`` and ``memory`` controllers *delegated* to the grader's cgroup (listed
-  in its ``cgroup.controllers`` and enabled in ``cgroup.subtree_control``): root on a host or in
-  a container with its own cgroup namespace, or a user under ``systemd-run --scope -p
-  Delegate=yes``. ``cgroup.kill`` (Linux 5.14) then kills the whole group in one write.
-- **cgroup v1** (one tree per controller, ``/sys/fs/cgroup/pids``, ``/sys/fs/cgroup/memory``,
-  writable by root): the nearest equivalent. ``pids.max`` and ``memory.limit_in_bytes`` in a
-  group of the same name in each tree; the kill freezes the group (``freezer``), SIGKILLs every
-  member and thaws it, so that no member can fork while the list is read.
-
-A *hybrid* machine (v1 controllers plus a cgroup2 at ``/sys/fs/cgroup/unified`` with no
-controllers) gets v1 limits and the v2 ``cgroup.kill``. :func:`detect` tries each tree for real
-(creates and removes a probe group) and :meth:`Support.describe` says which one does what.
-Groups are created beneath the grader's own cgroup in each tree, so whatever limits the
-grader itself runs under still hold for its submissions.
+cgroup v2 (``<the grader's cgroup>/gpulab-grade-<pid>-<n>``) needs the ``pids`` and ``memory``
+controllers delegated to the grader's cgroup (root on a host, a container with its own cgroup
+namespace, ``systemd-run --scope -p Delegate=yes``); ``cgroup.kill`` (Linux 5.14) kills the group
+in one write. On cgroup v1 the same files live in one tree per controller, and the kill freezes the
+group (``freezer``), SIGKILLs every member and thaws it. A hybrid machine (v1 controllers and an
+empty cgroup2 at ``/sys/fs/cgroup/unified``, as the development VM and CI) gets v1 limits and the
+v2 kill. :func:`detect` tries each tree for real, beneath the grader's own cgroup, so whatever
+limits the grader runs under still hold.
 """
 
 from __future__ import annotations
@@ -107,8 +97,8 @@ def _base(mount: str, root: str, own: str) -> Path | None:
 
 
 def _try_group(tree: Tree, files: dict[str, str], needs: tuple[str, ...] = ()) -> str | None:
-    """Create a probe group beneath ``tree.base``, check it has the ``needs`` files, write ``files``
-    into it, remove it; None if all worked, else why not."""
+    """Create a probe group beneath ``tree.base``, check its ``needs`` files, write ``files``, remove it;
+    why not, or None."""
     probe = tree.base / f"{PREFIX}probe-{os.getpid()}-{next(_COUNTER)}"
     try:
         probe.mkdir()
@@ -198,21 +188,10 @@ def detect() -> Support:
 
 
 class Group:
-    """One submission's cgroup: a folder in each tree that :class:`Support` uses, with two leaves,
-    ``grader`` (nbgrader) and ``kernel`` (the kernel and all it starts)::
-
-        gpulab-grade-<pid>-<n>/     memory cap of the whole submission, pids cap + headroom; killed whole
-            grader/                 nbgrader (joined by gpulab.course.nsinit)
-            kernel/                 pids.max: a fork bomb in the kernel never starves nbgrader
-
-    (cgroup v2 lets only leaves hold processes once controllers are handed down, hence two leaves.)
-
-    Args:
-        support: from :func:`detect`.
-        pids_max: most tasks (processes and threads) of the kernel at once; 0 = no cap.
-        memory_bytes: memory cap of the whole group (tmpfs pages included); 0 = none.
-        grader_pids: the tasks nbgrader may hold on top of the kernel's.
-    """
+    """One submission's cgroup, a folder in each tree :class:`Support` uses: the memory cap of the whole
+    submission (tmpfs pages included) and ``pids_max`` + ``grader_pids`` on it, with two leaves (v2
+    lets only leaves hold processes): ``grader`` (nbgrader) and ``kernel``, whose own ``pids.max``
+    keeps a fork bomb from starving nbgrader. 0 means no cap."""
 
     LEAVES = ("grader", "kernel")
 

@@ -1,16 +1,10 @@
 """``make grade RAY_ADDRESS=head:6379``: every submission a Ray task, graded on a node of the cluster in
 that node's own sandbox; the head merges each result into the gradebook, once.
 
-    ray start --head --port=6379                                   # the head (the course is here)
-    ray start --address=head:6379 --resources='{"gpulab_whole_node": 1}'   # each grading node
-    make grade RAY_ADDRESS=head:6379
-
-A node receives everything as bytes (the lab's files, the gradebook snapshot, the reference run's
-expected values, the submission), so nodes share no file system with the head. It grades exactly
-as ``make grade`` does on one machine (:func:`gpulab.course.sandbox.grade_in_sandbox`, its own
-layer checks and masked references), and sends back the scores and the autograded notebooks.
-A node that dies mid-task loses nothing: Ray runs the task again elsewhere, and a result is merged
-only when it arrives, so each submission gets one row.
+A node receives everything as bytes (the lab's files, the gradebook snapshot, the expected values,
+the submission), so nodes share no file system with the head, and grades exactly as one machine
+does (:func:`gpulab.course.sandbox.grade_in_sandbox`, its own layer checks and masks). A node that
+dies mid-task loses nothing: Ray runs the task again, and a result is merged only when it arrives.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpulab.course import integrity, isolation, links, mask, readguard, students
+from gpulab.course import integrity, isolation, jail, links, mask, students
 from gpulab.course.sandbox import LabRun, Limits, SandboxResult, grade_safely, grading_root
 from gpulab.labs import LABS
 
@@ -33,9 +27,8 @@ MAX_FILE = 256 * 2**20
 
 
 def task_options(lab: str, limits: Limits, gpus_per_node: float) -> dict[str, Any]:
-    """The resources one submission of ``lab`` asks Ray for: CPUs for its ranks or logical
-    devices, the memory its cgroup may use, GPUs where the cluster has them, and a whole node for a
-    lab whose checks time parallel work against serial work (:data:`gpulab.labs.Lab.timed_alone`)."""
+    """The resources one submission of ``lab`` asks Ray for: CPUs for its ranks, its cgroup's memory,
+    GPUs where there are some, and a whole node for a ``timed_alone`` lab."""
     info = next((x for x in LABS if x.id == lab), None)
     devices = info.devices if info else 0
     opts: dict[str, Any] = {"num_cpus": min(4, max(1, devices)), "max_retries": RETRIES}
@@ -59,8 +52,7 @@ def _files(folder: Path, max_total: int, skip: tuple[str, ...] = ()) -> dict[str
 
 def lab_bundle(course: Path, template: Path, specs: dict[str, integrity.NotebookSpec], lab: str, limits: Limits,
                run: LabRun) -> dict[str, Any]:
-    """What a node needs to grade any submission of ``lab``, with no file of the head's: read once per
-    lab and put in Ray's object store once, however many submissions it serves."""
+    """What a node needs to grade any submission of ``lab`` (put in Ray's object store once per lab)."""
     from gpulab import __version__
 
     return {"version": __version__, "lab": lab, "limits": limits, "specs": specs,
@@ -95,8 +87,7 @@ def _node() -> str:
 
 
 def grade_bundle(shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-    """Grade one bundled submission (:func:`lab_bundle` and :func:`bundle`) on this node (the body of
-    the Ray task); returns plain data."""
+    """The Ray task: grade one bundled submission on this node; returns plain data."""
     from gpulab import __version__
 
     b = {**shared, **own}
@@ -122,7 +113,7 @@ def grade_bundle(shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
         expected.parent.mkdir(parents=True)
         expected.write_bytes(b["expected"])
         binds = mask.write_masks(mask.lab_references(lab), root / "masks" / lab) if plan.namespaces else []
-        secrets = readguard.repository_secrets(course) if limits.confine_reads else []
+        secrets = jail.repository_secrets(course) if limits.confine_reads else []
         result = grade_safely(course, template, b["specs"], lab, student, root / lab / students.alias(student),
                                limits, threading.Event(), plan, secrets, LabRun(lab, b["seed"], expected, binds))
         if plan.note():
@@ -183,9 +174,8 @@ class RayGrader:
         return self.ray.put(value)
 
     def run(self, jobs: list[tuple[Any, dict[str, Any], dict[str, Any]]]) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        """Submit every ``(lab bundle or its ref, bundle, options)``; yield ``(student, lab, answer)`` in the
-        order they finish.
-        A task that failed for good (its node died more than :data:`RETRIES` times) yields a failed row."""
+        """Submit every ``(lab bundle, bundle, options)``; yield ``(student, lab, answer)`` as they finish
+        (a failed row for a task whose node died more than :data:`RETRIES` times)."""
         ray = self.ray
         if any("resources" in opts for _, _, opts in jobs) and not self.whole_nodes:
             raise ValueError(f"no node of the cluster offers the {WHOLE_NODE!r} resource, which a lab graded alone "

@@ -1,22 +1,9 @@
-"""Import an LMS download (a zip of submissions) into ``submitted/`` with nbgrader's zip_collect.
+"""Import an LMS download (a zip of submissions) into ``submitted/`` with nbgrader's ``zip_collect``.
 
-    python -m gpulab.course collect --course notebooks --lab 00_setup --archive submissions.zip \\
-        [--regexp '<named groups student_id and file_id>']
-
-nbgrader's ``zip_collect`` works in ``<course>/downloaded/<lab>/``: it extracts every archive in
-``archive/`` into ``extracted/``, matches each file's *full path* against a regular expression
-with the named groups ``student_id`` and ``file_id`` (and optionally ``timestamp``), and copies
-the matches to ``submitted/<student_id>/<lab>/<file_id>.ipynb``.
-
-By default a file is matched when its name (or its folder and name) is the student id followed
-by ``_`` or ``/`` and one of the lab's notebook names, anywhere in the archive::
-
-    submissions.zip
-        alice_00_setup.ipynb          -> submitted/alice/00_setup/00_setup.ipynb
-        bob/00_setup.ipynb            -> submitted/bob/00_setup/00_setup.ipynb
-        carol_smith_00_setup.ipynb    -> submitted/carol_smith/00_setup/00_setup.ipynb
-
-Other LMS layouts need their own ``--regexp`` (docs/instructor.md gives Canvas's).
+By default a file is matched when its name (or its folder and name) is the student id followed by
+``_`` or ``/`` and one of the lab's notebook names, anywhere in the archive
+(``alice_00_setup.ipynb``, ``bob/00_setup.ipynb``); other layouts need ``--regexp`` with the named
+groups ``student_id`` and ``file_id`` (docs/instructor.md gives Canvas's).
 """
 
 from __future__ import annotations
@@ -50,15 +37,9 @@ def lab_notebooks(course: Path, lab: str) -> list[str]:
 
 
 def collect(course: str | Path, lab: str, archive: str | Path, regexp: str | None = None) -> CollectReport:
-    """Copy ``archive`` into ``downloaded/<lab>/archive/`` and run ``nbgrader zip_collect``.
-
-    A student already in ``submitted/<student>/<lab>/`` is replaced by the new download.
-
-    Raises:
-        FileNotFoundError: the archive does not exist.
-        ValueError: ``lab`` is not a lab of the course, or ``regexp`` lacks a named group.
-        RuntimeError: zip_collect failed (its last log line says why).
-    """
+    """Copy ``archive`` into ``downloaded/<lab>/archive/`` and run ``nbgrader zip_collect``; a student
+    already in ``submitted/`` is replaced. Raises FileNotFoundError, ValueError (an unknown lab, a
+    regexp without a named group) or RuntimeError (zip_collect's last log line)."""
     course = Path(course).resolve()
     archive = Path(archive).expanduser().resolve()
     if not archive.is_file():

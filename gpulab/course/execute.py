@@ -1,27 +1,18 @@
 """nbgrader's ``Execute`` step for untrusted notebooks: the kernel runs the cells and sends evidence;
 this process, which the kernel cannot reach, writes each test cell's verdict.
 
-``SandboxedExecute`` replaces nbgrader's ``Execute`` in the grading sandbox (and runs the reference
-kernel, :mod:`gpulab.course.reference`). For every cell it:
+:class:`SandboxedExecute` replaces ``Execute`` in the grading sandbox (``swap_execute`` in its
+``nbgrader_config.py``) and runs the reference kernel (:mod:`gpulab.course.reference`). Per cell:
 
-1. runs the cell in a jailed kernel (:mod:`gpulab.course.kernel`), keeping at most
-   ``max_output_kb`` of output, and survives a kernel that dies or ignores the time limit (the
-   cells after it are marked :data:`NOT_RUN`, so nbgrader scores the tests that ran and zero for
-   the rest; an un-run test cell with no output would otherwise get *full* marks);
-2. takes the evidence the cell sent (:mod:`gpulab.grading.evidence`) out of its outputs, in order;
-3. for each timed check the cell announced, sends the kernel the timed runs and measures them with
-   its own clock (:mod:`gpulab.course.timing`);
-4. in a **test** cell, decides: ``reference`` mode keeps the evidence as the lab's expected values;
-   ``graded`` mode judges the student's evidence against them (:func:`gpulab.course.verdicts.judge_cell`).
-   The cell's outputs are then rewritten so that nbgrader's own scoring reads the verdict: a
-   failing cell starts with a ``GradingError`` output holding the message; a passing one holds no
-   error and no stderr, whatever the kernel printed or claimed.
-
-The sandbox's ``nbgrader_config.py`` switches it on (see :mod:`gpulab.course.sandbox`)::
-
-    c.Autograde.autograde_preprocessors = swap_execute(...)
-    c.SandboxedExecute.mode = "graded"
-    c.SandboxedExecute.expected = "<box>/expected.json"
+1. run it in the jailed kernel (:mod:`gpulab.course.kernel`), keeping at most ``max_output_kb`` of
+   output; after a kernel that died or ignored the time limit, the remaining cells are marked
+   :data:`NOT_RUN` (an un-run test cell with no output would otherwise get *full* marks);
+2. take the evidence the cell sent (:mod:`gpulab.grading.evidence`) out of its outputs;
+3. time each timed check from this side (:func:`gpulab.course.judge.schedule`);
+4. in a test cell, keep the evidence as the expected values (``reference`` mode) or judge it
+   against them (``graded``, :func:`gpulab.course.judge.judge_cell`), and rewrite the cell's
+   outputs so that nbgrader scores the verdict: a failing cell starts with a ``GradingError``
+   output; a passing one holds no error and no stderr, whatever the kernel printed.
 """
 
 from __future__ import annotations
@@ -39,19 +30,18 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Integer, Unicode
 
-from gpulab.course import links, timing
+from gpulab.course import links
 from gpulab.course.execution import after_timeout
+from gpulab.course.isolation import kill_marked
+from gpulab.course.judge import Expected, Runs, judge_cell, run_seeds, schedule
 from gpulab.course.kernel import MAX_MESSAGE_BYTES, JailedKernelManager
-from gpulab.course.processes import kill_marked
-from gpulab.course.verdicts import Expected, judge_cell
 from gpulab.grading.evidence import MIME
 
-# enames written into the notebook; gpulab.course.notes turns them into notes.
+# enames written into the notebook, and a marker in a capped cell: gpulab.course.notes reads them.
 KERNEL_DIED = "DeadKernelError"
 NOT_RUN = "NotRunError"
 TIMEOUT = "CellTimeoutError"
 VERDICT = "GradingError"
-# Written into a cell whose output passed the cap; gpulab.course.notes turns it into a note.
 OUTPUT_CAPPED = "[gpulab grader: output past the cap was dropped:"
 # Opens the line of clean_log that says the kernel filled its folder (gpulab.course.sandbox reads it).
 FULL = "[full]"
@@ -65,12 +55,12 @@ def error_output(ename: str, evalue: str) -> NotebookNode:
 
 
 class SandboxedExecute(Execute):
-    """nbgrader's ``Execute`` that survives a dead or unresponsive kernel and decides each test
-    cell from evidence (see the module doc)."""
+    """nbgrader's ``Execute`` that survives a dead or unresponsive kernel and decides each test cell
+    from evidence."""
 
     mode = Unicode("graded", help="'graded': judge each test cell against `expected`; 'reference': record the "
                                   "evidence as the expected values (into `reference_out`)").tag(config=True)
-    expected = Unicode("", help="the reference run of this lab (gpulab.course.verdicts.Expected, JSON)").tag(config=True)
+    expected = Unicode("", help="the reference run of this lab (gpulab.course.judge.Expected, JSON)").tag(config=True)
     reference_out = Unicode("", help="reference mode: where to write the expected values").tag(config=True)
     timing_secret = Unicode("", help="reference mode: the grading run's secret, for the timed runs' seeds").tag(config=True)
     interrupt_grace = Integer(
@@ -248,15 +238,15 @@ class SandboxedExecute(Execute):
             for k, rec in enumerate(records):
                 if isinstance(rec, dict) and rec.get("kind") == "timed":
                     spec = rec.get("spec", {})
-                    seeds = timing.run_seeds(self.timing_secret, self._notebook, gid, k, int(spec.get("warmup", 1)),
+                    seeds = run_seeds(self.timing_secret, self._notebook, gid, k, int(spec.get("warmup", 1)),
                                              int(spec.get("repeats", 3)))
-                    runs = self._timed_runs(rec.get("id"), seeds) if self._stopped is None else timing.Runs(error="stopped")
+                    runs = self._timed_runs(rec.get("id"), seeds) if self._stopped is None else Runs(error="stopped")
                     entries.append({"kind": "timed", "spec": spec, "seeds": seeds, "runs": runs.to_json()})
                 else:
                     entries.append(rec)
             reference = {"entries": entries, "error": error}
             self._recorded[gid] = reference
-            runs = {n: timing.Runs.from_json(e["runs"]) for n, e in enumerate(entries) if e.get("kind") == "timed"}
+            runs = {n: Runs.from_json(e["runs"]) for n, e in enumerate(entries) if e.get("kind") == "timed"}
             result = judge_cell(reference, entries, runs, error)
         else:
             reference = self._expected.cell(self._notebook, gid) if self._expected else None
@@ -303,12 +293,12 @@ class SandboxedExecute(Execute):
 
     # ---- timed runs: requests the grader times with its own clock ----
 
-    def _timed_runs(self, ident: Any, seeds: dict[str, list[int]]) -> timing.Runs:
-        runs = timing.Runs(cpus=len(os.sched_getaffinity(0)))
+    def _timed_runs(self, ident: Any, seeds: dict[str, list[int]]) -> Runs:
+        runs = Runs(cpus=len(os.sched_getaffinity(0)))
         if not isinstance(ident, int) or isinstance(ident, bool) or not 0 <= ident < 10_000:
             runs.error = "the cell announced its timed work with a malformed id"
             return runs
-        for role, seed, timed in timing.schedule(seeds):
+        for role, seed, timed in schedule(seeds):
             code = f"__import__('gpulab.grading.evidence', fromlist=['run_timed']).run_timed({ident}, {role!r}, {seed})"
             try:
                 wall, reply, records = run_sync(self._async_request)(code)
@@ -436,15 +426,10 @@ def _size(content: Any) -> int:
     return 8
 
 
-def _peak_rss_mb() -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        return None
-    return None
+def _peak_rss_mb() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024  # KiB on Linux: VmHWM
 
 
 def _is_timeout(cell: NotebookNode) -> bool:

@@ -1,16 +1,8 @@
-"""The course's execution limits, in one place, for every way a notebook is run: the student's
-Validate button, ``make check`` and ``make grade``.
-
-Each of them reads an ``nbgrader_config.py`` (the course's, or the one ``make lab`` writes for the
-student's JupyterLab, :mod:`gpulab.course.lab`), and each of those calls :func:`configure`::
-
-    from gpulab.course.execution import configure
-    configure(c)
-
-so a cell has the same :data:`CELL_TIMEOUT_S` wherever it runs (nbgrader's own default is 30 s,
-which cut lab 10's searches short in Validate while ``make grade`` let them finish). A cell stopped
-by the limit says so, naming the limit, and every test that fails after it says which cell
-stopped: a student sees the cause, not a ``NameError`` two cells later.
+"""The course's execution limits, in one place, for every way a notebook is run: the Validate button,
+``make check`` and ``make grade``. Each reads an ``nbgrader_config.py`` (the course's, or the one
+``make lab`` writes for the student) that calls :func:`configure`, so a cell has the same
+:data:`CELL_TIMEOUT_S` everywhere (nbgrader's default, 30 s, cut lab 10 short in Validate). A cell
+stopped by the limit says so, and every test that fails after it names that cell.
 """
 
 from __future__ import annotations
@@ -38,8 +30,8 @@ def after_timeout(index: int, limit: int | None) -> str:
 
 
 class ValidateExecute(Execute):
-    """nbgrader's ``Execute`` for Validate and ``make check``: after a cell is stopped by the time
-    limit, each test cell that fails names that cell (its error's message ends with it)."""
+    """nbgrader's ``Execute`` for Validate and ``make check``: after a cell stopped by the time limit,
+    each failing test cell names it."""
 
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> tuple[NotebookNode, Any]:
         self._timed_out: int | None = None

@@ -1,28 +1,19 @@
 """HTML feedback for every student, with the hidden tests kept hidden.
 
-    python -m gpulab.course feedback --course notebooks [--lab 00_setup]
+nbgrader's ``generate_feedback`` renders the autograded notebook, where autograde has put the
+hidden tests back, and what the kernel printed (IPython's ``In`` history, encoded) can quote them;
+so can an error the kernel reported, which the grader's verdict message repeats. Hence:
 
-nbgrader's ``generate_feedback`` renders the *autograded* notebook, and autograde has put the
-hidden tests back into every test cell: out of the box the feedback shows them, and anything the
-kernel printed after a test cell ran (IPython's ``In`` history, encoded) can quote them. Layers:
-
-1. :class:`HideHiddenTests`, in ``c.GenerateFeedback.preprocessors`` (``nbgrader_config.py``,
-   so formgrader's "generate feedback" button uses it too), deletes each hidden region with
-   nbgrader's own ``ClearHiddenTests`` code. A test cell keeps only what the grader wrote there
-   (the verdict, the timed figures: :mod:`gpulab.course.execute`), never what the kernel printed.
-   Every other output is checked line by line against the instructor's lines, also after
-   decoding base64, hex, zlib and rot13 and unescaping string reprs (:func:`shows`); an output
-   that shows one is replaced by :data:`REDACTED`.
-2. :func:`feedback` then reads every HTML page it wrote and checks it the same way; a page that
-   still shows a hidden line is replaced by a short note (never released as it was), and the
-   run goes on.
-3. One notebook that nbgrader cannot render (malformed, hostile, nested too deep) gets a page of
-   its own with a note; the class's other pages are rendered one by one if the batch fails.
-
-A line the student wrote in their own submission is never a secret on their own page.
-
-A student whose submission could not be graded at all (not JSON, wall-clock limit) gets a short
-page with the note from ``grades.csv`` instead of a notebook.
+1. :class:`HideHiddenTests` (in ``c.GenerateFeedback.preprocessors``, so formgrader's button uses
+   it too) cuts each hidden region with nbgrader's ``ClearHiddenTests``, keeps in a test cell only
+   the grader's own outputs and the error's message, and replaces every output that shows a line
+   of the instructor's notebook, also once decoded (base64, hex, zlib, rot13, string reprs:
+   :func:`shows`), with :data:`REDACTED`. A line the student handed in is never a secret on their
+   own page.
+2. :func:`feedback` reads every page it wrote the same way and withholds one that still shows a
+   hidden line (:data:`WITHHELD`).
+3. A notebook nbgrader cannot render gets a page with a note; so does a submission that could not
+   be graded at all (the note from ``grades.csv``).
 """
 
 from __future__ import annotations
@@ -52,27 +43,35 @@ BEGIN, END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 REDACTED = "[removed: this output quoted the instructor's notebook]"
 
 
+def _ws(line: str) -> str:
+    return re.sub(r"\s+", " ", line).strip()
+
+
+def _marked(source: str, begins: tuple[str, ...], ends: tuple[str, ...]) -> list[tuple[bool, str]]:
+    """(inside a marked region, the line whitespace-collapsed) for each line between the markers."""
+    out, inside = [], False
+    for line in source.splitlines():
+        if any(b in line for b in begins):
+            inside = True
+        elif any(e in line for e in ends):
+            inside = False
+        else:
+            out.append((inside, _ws(line)))
+    return out
+
+
 def secret_lines(specs: dict[str, integrity.NotebookSpec], source_dir: Path | None = None,
                  min_chars: int = 12) -> set[str]:
-    """Lines that only the instructor's notebook holds: hidden tests (from the gradebook) and
-    solutions (from ``source_dir``'s notebooks, when given), whitespace collapsed."""
+    """Lines only the instructor's notebook holds: hidden tests (gradebook) and solutions (``source_dir``)."""
     lines = hidden_lines(specs, min_chars) | {BEGIN, END, "BEGIN SOLUTION", "END SOLUTION"}
-    visible = {re.sub(r"\s+", " ", ln).strip() for spec in specs.values() for cell in spec.cells
+    visible = {_ws(ln) for spec in specs.values() for cell in spec.cells
                for ln in integrity.release_source(cell.source).splitlines()}
     for name in specs:
         path = source_dir / f"{name}.ipynb" if source_dir else None
-        if path is None or not path.is_file():
-            continue
-        for cell in nbformat.read(str(path), as_version=4).cells:
-            inside = False
-            for line in cell.source.splitlines():
-                norm = re.sub(r"\s+", " ", line).strip()
-                if "BEGIN SOLUTION" in line or BEGIN in line:
-                    inside = True
-                elif "END SOLUTION" in line or END in line:
-                    inside = False
-                elif inside and len(norm) >= min_chars and norm not in visible:
-                    lines.add(norm)
+        if path is not None and path.is_file():
+            for cell in nbformat.read(str(path), as_version=4).cells:
+                lines |= {ln for inside, ln in _marked(cell.source, ("BEGIN SOLUTION", BEGIN), ("END SOLUTION", END))
+                          if inside and len(ln) >= min_chars and ln not in visible}
     return lines
 
 
@@ -88,8 +87,7 @@ def norm(line: str) -> str:
 
 
 def _decodings(text: str, depth: int = 0) -> list[str]:
-    """``text``, its string escapes undone (a repr of ``In``), and what its base64, hex, zlib and
-    rot13 runs decode to (twice over, for an encoding of an encoding)."""
+    """``text``, unescaped, rot13'd, and what its base64, hex and zlib runs decode to (twice over)."""
     import base64
     import binascii
     import codecs
@@ -128,9 +126,8 @@ def _inflate(blob: bytes, zlib) -> bytes | None:  # the module
 
 
 def shows(text: str, secrets: set[str], own: set[str] = frozenset()) -> list[str]:
-    """The lines of ``secrets`` that ``text`` shows: a whole line of it, or of one of its decodings,
-    equal to a secret line once both are normalised (:func:`norm`); lines in ``own`` (what the
-    student handed in) do not count."""
+    """The lines of ``secrets`` that ``text`` shows as a whole line, also decoded (both :func:`norm`-ed);
+    lines in ``own`` (what the student handed in) do not count."""
     if not secrets or not text:
         return []
     mine = {norm(s) for s in own}
@@ -150,9 +147,7 @@ def redact(text: str, lines: set[str], own: set[str] = frozenset()) -> str:
 
 
 class HideHiddenTests(ClearHiddenTests):
-    """Feedback preprocessor: remove hidden test regions; in test cells keep only each error's
-    message (no traceback, no stream output); in every output, replace any line that quotes the
-    instructor's notebook (hidden tests, solutions), whatever the kernel printed."""
+    """Feedback preprocessor: see the module doc (layer 1)."""
 
     enforce_metadata = Bool(False, help="feedback never fails on a cell that is not a grade cell").tag(config=True)
 
@@ -234,9 +229,8 @@ _BLOCKS = {"div", "pre", "p", "br", "tr", "li", "h1", "h2", "h3", "h4", "h5", "h
 
 
 def html_text(page: str, lines: bool = False) -> str:
-    """The visible text of an HTML page (code is split into many spans by syntax highlighting, so
-    searching the raw HTML for a line of code finds nothing): whitespace collapsed, or with
-    ``lines`` its line breaks kept."""
+    """The visible text of an HTML page (syntax highlighting splits code into spans), whitespace
+    collapsed or, with ``lines``, line breaks kept."""
     parser = _Text()
     parser.feed(page)
     text = html.unescape("".join(parser.parts))
@@ -248,15 +242,9 @@ def hidden_lines(specs: dict[str, integrity.NotebookSpec], min_chars: int = 12) 
     hidden, visible = set(), set()
     for spec in specs.values():
         for cell in spec.cells:
-            inside = False
-            for line in cell.source.splitlines():
-                norm = re.sub(r"\s+", " ", line).strip()
-                if BEGIN in line:
-                    inside = True
-                elif END in line:
-                    inside = False
-                elif norm:
-                    (hidden if inside else visible).add(norm)
+            for inside, ln in _marked(cell.source, (BEGIN,), (END,)):
+                if ln:
+                    (hidden if inside else visible).add(ln)
     return {ln for ln in hidden - visible if len(ln) >= min_chars}
 
 
@@ -277,9 +265,8 @@ def submitted_folder(course: Path, student: str, lab: str) -> Path:
 
 
 def submitted_lines(folder: Path, max_bytes: int = 100 * 2**20) -> set[str]:
-    """Every line of every notebook the student handed in (``submitted/<student>/<lab>/``): a hidden line
-    the student wrote there (``from gpulab.grading import lab00``) is no secret on their own page. Only
-    regular files are read (a submission may hold links and FIFOs named ``*.ipynb``)."""
+    """Every line of the regular ``*.ipynb`` files the student handed in (``from gpulab.grading import
+    lab00``, written by the student, is no secret on their own page)."""
     own: set[str] = set()
     for path in folder.glob("*.ipynb"):
         data = read_regular(path, max_bytes)
@@ -290,7 +277,7 @@ def submitted_lines(folder: Path, max_bytes: int = 100 * 2**20) -> set[str]:
         for cell in cells if isinstance(cells, list) else []:
             source = cell.get("source", "") if isinstance(cell, dict) else ""
             for line in ("".join(source) if isinstance(source, list) else str(source)).splitlines():
-                own.add(re.sub(r"\s+", " ", line).strip())
+                own.add(_ws(line))
     return own
 
 
@@ -305,12 +292,9 @@ def _note_pages(course: Path, lab: str, notebooks: list[str]) -> int:
             student = alias(from_csv(row["student"]))
             if row["lab"] != lab or (course / "autograded" / student / lab).exists():
                 continue
-            out = course / "feedback" / student / lab
-            out.mkdir(parents=True, exist_ok=True)
-            body = (f"<h1>{html.escape(lab)}: {html.escape(row['score'])} / {html.escape(row['max_score'])}</h1>"
-                    f"<p>Your submission could not be graded: {html.escape(row['notes'])}</p>")
-            for name in notebooks:
-                (out / f"{name}.html").write_text(f"<!DOCTYPE html><html><body>{body}</body></html>\n")
+            _page(course, student, lab, notebooks,
+                  f"<h1>{html.escape(lab)}: {html.escape(row['score'])} / {html.escape(row['max_score'])}</h1>"
+                  f"<p>Your submission could not be graded: {html.escape(row['notes'])}</p>")
             written += 1
     return written
 
@@ -320,8 +304,7 @@ WITHHELD = ("<!DOCTYPE html><html><body><h1>{lab}</h1><p>This feedback page was 
 
 
 def readable(path: Path, max_bytes: int = 100 * 2**20) -> str | None:
-    """Why nbgrader cannot be trusted to render ``path`` (not a regular file, too big, not JSON,
-    nested too deep, not a notebook), or None."""
+    """Why nbgrader cannot be trusted to render ``path``, or None."""
     data = read_regular(path, max_bytes)
     if data is None:
         return "not a regular file of at most 100 MiB"
@@ -345,21 +328,17 @@ def _render(course: Path, lab: str, student: str | None) -> str | None:
     return None
 
 
-def _unrenderable_page(course: Path, lab: str, student: str, notebooks: list[str], why: str) -> None:
+def _page(course: Path, student: str, lab: str, notebooks: list[str], body: str) -> None:
+    """A short page of ``body`` in place of each notebook's feedback."""
     out = course / "feedback" / student / lab
     out.mkdir(parents=True, exist_ok=True)
-    body = f"<h1>{html.escape(lab)}</h1><p>Your graded notebook could not be shown here: {html.escape(why)}.</p>"
     for name in notebooks:
         (out / f"{name}.html").write_text(f"<!DOCTYPE html><html><body>{body}</body></html>\n")
 
 
 def feedback(course: str | Path, lab: str | None = None) -> dict[str, dict[str, Any]]:
-    """``nbgrader generate_feedback`` for each lab, then a leak check of every page.
-
-    Returns:
-        {lab: {"pages": n, "notes": n, "leaks": {html_path: [hidden lines]}, "failed": {student: why},
-        "error": str | None}}; a page that leaked was replaced by a note (:data:`WITHHELD`).
-    """
+    """``nbgrader generate_feedback`` for each lab, then a leak check of every page: {lab: {"pages": n,
+    "notes": n, "leaks": {html_path: [hidden lines]}, "failed": {student: why}, "error": str | None}}."""
     from gpulab.course.gradebook import db_url
 
     course = Path(course).resolve()
@@ -387,7 +366,8 @@ def feedback(course: str | Path, lab: str | None = None) -> dict[str, dict[str, 
                 why = bad.get(student) or _render(course, name, student)
                 if why:
                     entry["failed"][student] = why
-                    _unrenderable_page(course, name, student, sorted(specs), why)
+                    _page(course, student, name, sorted(specs), f"<h1>{html.escape(name)}</h1><p>Your graded "
+                          f"notebook could not be shown here: {html.escape(why)}.</p>")
         lines = hidden_lines(specs)  # (solutions are no secret on the page: a student's own code may match them)
         for page in sorted(course.glob(f"feedback/*/{name}/*.html")):
             own = submitted_lines(submitted_folder(course, page.parent.parent.name, name))

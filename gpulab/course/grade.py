@@ -1,15 +1,11 @@
-"""Autograde a whole class in parallel, each submission sandboxed, and write ``grades.csv``; one
-bad submission never stops the rest.
+"""Autograde a whole class in parallel, each submission sandboxed, and write ``grades.csv``; one bad
+submission never stops the rest.
 
-    python -m gpulab.course grade --course notebooks [--lab 00_setup] [--jobs 4] \\
-        [--wall-timeout 900] [--cell-timeout 300] [--memory-mb 4096]
-
-Submissions live in ``<course>/submitted/<student>/<lab>/``. ``jobs`` worker threads each run
-one submission at a time through :func:`gpulab.course.sandbox.grade_in_sandbox` (nbgrader's own
-``autograde`` in a process of its own, in an isolated copy of the course, under the limits);
-this process then merges each result into the real gradebook, one at a time
-(:mod:`gpulab.course.gradebook`). nbgrader has no parallel autograde of its own (its FAQ points
-to issue jupyter/nbgrader#174); a class of 200 takes hours in sequence.
+Per lab, a reference run of the source notebook gives the expected values (:mod:`gpulab.course.reference`).
+Then ``jobs`` worker threads, each on CPUs of its own, grade one submission at a time through
+:func:`gpulab.course.sandbox.grade_in_sandbox` (or Ray tasks, :mod:`gpulab.course.cluster`), and
+this process merges each result into the real gradebook (:mod:`gpulab.course.gradebook`).
+nbgrader has no parallel autograde of its own (jupyter/nbgrader#174).
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ from typing import Iterator
 import psutil
 from tqdm.auto import tqdm
 
-from gpulab.course import cluster, gradebook, integrity, isolation, mask, readguard, students
+from gpulab.course import cluster, gradebook, integrity, isolation, jail, mask, students
 from gpulab.course.mask import lab_references
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 from gpulab.course.reference import ReferenceError, run_reference
@@ -123,8 +119,7 @@ NOT_YET = "not graded: the grading run stopped before this submission; run make 
 
 
 def _write_progress(rows: list[GradeRow], pending: dict[tuple[str, str], None], path: Path) -> None:
-    """grades.csv as it stands: the graded rows, and a row for each submission still waiting, so that
-    every student has a row even if the run is stopped (a kill, a power cut)."""
+    """grades.csv as it stands, with a row for each submission still waiting (a run may be killed)."""
     waiting = [GradeRow(s, lab_, notes=NOT_YET) for s, lab_ in pending]
     write_csv(sorted(rows + waiting, key=lambda r: (r.lab, r.student)), path)
 
@@ -134,10 +129,8 @@ class WeakSandboxError(ValueError):
 
 
 def cpu_slots(jobs: int, cpus: list[int] | None = None) -> list[list[int]]:
-    """One CPU set per parallel grader: ``len(cpus) // jobs`` CPUs each, disjoint while there are
-    enough (more jobs than CPUs share them). A submission's kernel, and the reference run its
-    timed checks are compared with, get the same number of CPUs, and a classmate graded at the
-    same time runs on other ones."""
+    """One CPU set per parallel grader, ``len(cpus) // jobs`` CPUs each, disjoint while there are enough:
+    a kernel and the reference run get as many CPUs, and a classmate graded meanwhile other ones."""
     cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     k = max(1, len(cpus) // jobs)
     return [[cpus[(i * k + j) % len(cpus)] for j in range(k)] for i in range(jobs)]
@@ -185,8 +178,7 @@ def _ledger(course: Path) -> Path:
 
 
 def interrupted_rows(course: Path, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], GradeRow]:
-    """After a run that was stopped (``grades.csv`` still has rows that say :data:`NOT_YET`): the rows
-    it finished, for submissions that have not changed since, to keep instead of grading them again."""
+    """After a stopped run (rows that say :data:`NOT_YET`), the rows it finished for unchanged submissions."""
     path = course / "grades.csv"
     if not path.is_file() or not _ledger(course).is_file():
         return {}
@@ -214,34 +206,16 @@ def interrupted_rows(course: Path, pairs: list[tuple[str, str]]) -> dict[tuple[s
 def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, limits: Limits | None = None,
           progress: bool = True, keep_sandboxes: bool = False, plan: isolation.Plan | None = None,
           ray_address: str | None = None, fresh: bool = False) -> list[GradeRow]:
-    """Autograde every submission (or one lab's) in parallel and write ``<course>/grades.csv``.
-
-    Each lab first gets its reference run (:mod:`gpulab.course.reference`): the source notebook in
-    a clean kernel, on inputs from this run's fresh seed. Every submission is then graded in its
-    sandbox with gpulab's references masked, and judged against that run.
+    """Autograde every submission (or one lab's) and write ``<course>/grades.csv``; returns its rows.
 
     Args:
-        course: the nbgrader course root (``notebooks``).
-        lab: grade only this lab.
-        jobs: parallel autogrades (default: number of cores), each on CPUs of its own
-            (:func:`cpu_slots`). Submissions of a lab marked ``timed_alone`` in
-            :data:`gpulab.labs.LABS` are graded after the others, one at a time, on every CPU.
-        limits: per-submission limits; by default 900 s wall clock, the config's cell timeout,
-            and :func:`default_memory_mb`.
-        progress: show a tqdm bar.
-        keep_sandboxes: leave each submission's grading copy on disk (for debugging).
-        plan: the OS isolation to use (default: :func:`isolation.detect` on this machine).
-        ray_address: grade each submission as a task on this Ray cluster (:mod:`gpulab.course.cluster`)
-            instead of in worker threads here; ``jobs`` then only sizes the reference runs.
-        fresh: grade everything, even after a run that was stopped (by default such a run's finished,
-            unchanged submissions are kept: :func:`interrupted_rows`).
-
-    Returns:
-        One row per submission, sorted by lab then student; also in ``grades.csv``.
-
-    Raises:
-        ValueError: ``jobs`` < 1, or ``lab`` is not a lab of the course.
-        WeakSandboxError: a protection is missing and ``limits.allow_weaker`` is off.
+        jobs: parallel autogrades (default: one per core), each on CPUs of its own. A lab marked
+            ``timed_alone`` in :data:`gpulab.labs.LABS` is graded after the others, one at a time.
+        limits: per-submission limits (default: :class:`Limits` with :func:`default_memory_mb`).
+        plan: the OS isolation to use (default: :func:`isolation.detect`); a missing layer raises
+            :class:`WeakSandboxError` unless ``limits.allow_weaker``.
+        ray_address: grade on this Ray cluster instead (``jobs`` then only sizes the reference runs).
+        fresh: grade everything, even what a stopped run finished (:func:`interrupted_rows`).
     """
     course = Path(course).resolve()
     known = set(find_labs(course))
@@ -257,7 +231,7 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
     if plan.off() and not limits.allow_weaker:
         raise WeakSandboxError(plan.refusal())
     weaker = plan.note()
-    secrets = readguard.repository_secrets(course) if limits.confine_reads else []
+    secrets = jail.repository_secrets(course) if limits.confine_reads else []
     pairs = submissions(course, lab)
     rows = [GradeRow(s, lab_, notes=f"no lab called {lab_!r}; the labs are {', '.join(sorted(known))}")
             for s, lab_ in pairs if lab_ not in known]
@@ -389,7 +363,7 @@ def _on_ray(ray: cluster.RayGrader, course: Path, template: Path, specs: dict, r
 
 
 def _note_copies(course: Path, rows: list[GradeRow]) -> None:
-    """Add to each row the answer cells found in a reference, the solution or a classmate's
+    """Note the answer cells found in a reference, the solution or a classmate's
     (:mod:`gpulab.course.similarity`); a failure here costs the notes, never the grades."""
     from gpulab.course import similarity
 

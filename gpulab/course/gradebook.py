@@ -1,21 +1,12 @@
 """The real gradebook: snapshot it for the sandboxes, and merge each sandbox's result into it.
 
-Only the grading process writes the real ``gradebook.db``, one submission at a time, through
-nbgrader's own :class:`nbgrader.api.Gradebook`, so parallel grading never meets sqlite's
-"database is locked", and formgrader and ``nbgrader export`` read exactly what nbgrader's
-autograde would have written:
-
-- a graded submission: each cell's ``auto_score`` and ``auto_comment``, the late penalty and the
-  timestamp, with ``needs_manual_grade`` set as nbgrader's ``SaveAutoGrades`` sets it (when a
-  grader already gave a manual score, or there is no auto score); its autograded notebooks
-  replace ``autograded/<student>/<lab>/``;
-- a submission that could not be graded (not JSON, wall-clock limit, nbgrader failed): zero for
-  every cell, as nbgrader records a notebook that was not submitted, and no autograded copy.
-
-Each merge is one sqlite transaction (rolled back whole on any error), :func:`backup` keeps a copy
-of the gradebook from before a run, and the autograded copy comes back through
-:func:`gpulab.course.links.copy_notebooks` (regular ``*.ipynb`` files only, under a size cap) into
-a new folder that replaces the old one in one rename.
+Only the grading process writes ``gradebook.db``, one submission at a time, through nbgrader's own
+:class:`nbgrader.api.Gradebook`, so parallel grading never meets "database is locked" and the
+formgrader and ``nbgrader export`` read what nbgrader's autograde would have written: each cell's
+auto score and comment, the late penalty and timestamp, ``needs_manual_grade`` as nbgrader sets
+it, the autograded notebooks (swapped in by one rename); or, for a submission that could not be
+graded, zero for every cell and no autograded copy. Each merge is one transaction, and
+:func:`backup` keeps the gradebook from before each run.
 """
 
 from __future__ import annotations
@@ -39,8 +30,7 @@ def db_url(course: Path) -> str:
 
 
 def snapshot(course: Path, dst: Path) -> Path:
-    """A consistent copy of the course gradebook (sqlite's online backup, safe while formgrader
-    has it open)."""
+    """A consistent copy of the course gradebook (sqlite's online backup, safe while formgrader reads it)."""
     src = sqlite3.connect(f"file:{Path(course) / 'gradebook.db'}?mode=ro", uri=True)
     out = sqlite3.connect(dst)
     try:
@@ -52,8 +42,7 @@ def snapshot(course: Path, dst: Path) -> Path:
 
 
 def backup(course: Path) -> Path:
-    """Copy the course gradebook to ``<course>/gradebook_backups/gradebook-<time>.db`` (sqlite's
-    online backup) and keep the newest :data:`BACKUPS_KEPT`; return the copy's path."""
+    """Copy the gradebook to ``gradebook_backups/gradebook-<time>.db``, keeping the newest :data:`BACKUPS_KEPT`."""
     folder = Path(course) / "gradebook_backups"
     folder.mkdir(exist_ok=True)
     dst = folder / time.strftime("gradebook-%Y%m%d-%H%M%S.db")
@@ -83,14 +72,8 @@ def _replace_autograded(course: Path, result: SandboxResult, max_bytes: int) -> 
 
 
 def merge(course: Path, result: SandboxResult, max_bytes: int = 100 * 2**20) -> tuple[float, float]:
-    """Record ``result`` in the course gradebook and return (score, max_score) as nbgrader now
-    computes them. One transaction: on any error the gradebook keeps what it had.
-
-    Args:
-        course: the course root.
-        result: one sandbox's result.
-        max_bytes: largest autograded notebook copied back.
-    """
+    """Record ``result`` in the course gradebook in one transaction (``max_bytes``: the largest
+    autograded notebook copied back); return (score, max_score) as nbgrader now computes them."""
     from nbgrader.api import Gradebook
 
     graded = result.status == "graded" and result.autograded is not None
@@ -141,8 +124,7 @@ def merge(course: Path, result: SandboxResult, max_bytes: int = 100 * 2**20) -> 
 
 
 def _waiting(sub: object) -> tuple[float, float]:
-    """Points of a submission that no autograder gives: (markdown answers, other manually graded
-    cells) that still have neither an auto nor a manual score."""
+    """Points no autograder gives and nobody gave yet: (written answers, other manually graded cells)."""
     written = other = 0.0
     for nb in sub.notebooks:  # type: ignore[attr-defined]
         for grade in nb.grades:
@@ -155,8 +137,7 @@ def _waiting(sub: object) -> tuple[float, float]:
 
 
 def manual_points(course: Path, lab: str, student: str) -> float:
-    """Points of one submission that no autograder gives and nobody has graded yet (written answers
-    and other manually graded cells): a source notebook's full auto marks are max_score less these."""
+    """:func:`_waiting`'s points of one submission, together (full auto marks are max_score less these)."""
     from nbgrader.api import Gradebook
 
     with Gradebook(db_url(course), course_id="") as gb:

@@ -1,20 +1,17 @@
-"""Check a submitted notebook against the gradebook before nbgrader grades it, and put back what
-a student removed, so that every submission is graded against the original tests.
+"""A submission checked before nbgrader grades it: what the student removed is put back from the
+gradebook, and cells that only tampering needs are noted.
 
-nbgrader already restores the *source* of an edited read-only cell (``OverwriteCells`` compares
-the cell's checksum with the gradebook's and copies the original back) and its ``locked`` flag
-and points. It does not, by default, put back a test cell the student **deleted**
-(``OverwriteCells.add_missing_cells`` is off, and when on it raises ``KeyError`` if the cell
-before the deleted one is gone too), and it does not restore a test cell's ``grade`` flag, so a
-student who un-ticks "graded" in the cell toolbar makes nbgrader skip the test. This module fixes
-both from the gradebook, and says what it found (the notes end up in ``grades.csv``).
-
-    notes = repair_notebook(path, spec)   # spec = lab_spec(db_url, lab, source_dir)[notebook]
+nbgrader's ``OverwriteCells`` restores an edited read-only cell's source, ``locked`` flag and
+points, but not a test cell the student **deleted** (``add_missing_cells`` is off, and raises
+``KeyError`` when the cell before is gone too), nor a test cell's ``grade`` flag (un-ticking
+"graded" makes nbgrader skip the test). :func:`repair_notebook` restores both from the gradebook
+and says what it found; :func:`scan_notes` is the static scan.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,11 +56,8 @@ class NotebookSpec:
 
 
 def lab_spec(db_url: str, lab: str, source_dir: Path | None = None) -> dict[str, NotebookSpec]:
-    """Every notebook of ``lab`` as the gradebook at ``db_url`` knows it.
-
-    The gradebook keeps no cell order, so the order comes from the source notebook in
-    ``source_dir`` when it is there (cells it lacks go last).
-    """
+    """Every notebook of ``lab`` as the gradebook at ``db_url`` knows it, in the order of the source
+    notebook in ``source_dir`` (the gradebook keeps none; cells it lacks go last)."""
     from nbgrader.api import Gradebook
 
     specs: dict[str, NotebookSpec] = {}
@@ -92,11 +86,7 @@ def _source_order(path: Path) -> list[str]:
 
 
 def read_notebook(path: Path) -> NotebookNode:
-    """Read a submitted notebook.
-
-    Raises:
-        UnreadableNotebook: when it is not JSON, or not a notebook; the message says what to do.
-    """
+    """Read a submitted notebook (:class:`UnreadableNotebook`, saying what to do, when it is not one)."""
     text = path.read_bytes()
     try:
         json.loads(text)
@@ -114,9 +104,8 @@ def read_notebook(path: Path) -> NotebookNode:
 
 
 def release_source(source: str) -> str:
-    """A cell's source as the student received it: nbgrader's ClearHiddenTests applied. (The
-    gradebook's checksum is of the full source, hidden tests included, so nbgrader "restores"
-    every test cell with hidden tests; comparing checksums would call every one of them edited.)"""
+    """A cell's source as the student received it (nbgrader's ClearHiddenTests applied): the
+    gradebook's checksum covers the hidden tests too, so it would call every such cell edited."""
     cell = nbformat.v4.new_code_cell(source)
     try:
         ClearHiddenTests()._remove_hidden_test_region(cell)
@@ -186,13 +175,58 @@ def repair(nb: NotebookNode, spec: NotebookSpec) -> list[str]:
 
 
 def repair_notebook(path: Path, spec: NotebookSpec) -> list[str]:
-    """:func:`repair` the notebook file at ``path`` in place.
-
-    Raises:
-        UnreadableNotebook: see :func:`read_notebook`.
-    """
+    """:func:`repair` the notebook file at ``path`` in place (see :func:`read_notebook`)."""
     nb = read_notebook(path)
     notes = repair(nb, spec)
     if notes:
         nbformat.write(nb, str(path))
+    return notes
+
+
+# ---- the static scan: code that only tampering needs, a note for a human, never a score. No lab asks
+# a student to touch IPython's machinery, the profiler, builtins, sys.modules, gpulab's or torch's
+# attributes, a kernel client, links, terminal ioctls or its callers' frames. None of it can change a
+# verdict (the grader decides from evidence, outside the kernel), but a submission that tries is
+# worth a look, and patching gpulab's instruments changes what they measure in the kernel. ----
+PATTERNS: dict[str, re.Pattern[str]] = {name: re.compile(rx) for name, rx in {
+    "IPython events": r"get_ipython\(\)\s*\.\s*events|\bevents\s*\.\s*(register|unregister|callbacks|trigger)\b",
+    "input transformers": r"input_transformer|ast_transformers",
+    "displayhook": r"displayhook",
+    "showtraceback": r"showtraceback",
+    "ExecutionResult": r"ExecutionResult",
+    "setprofile/settrace": r"\bset(profile|trace)(_all_threads)?\b",
+    "writes to builtins": r"\b__builtins__\b|\bbuiltins\s*\.\s*\w+\s*=(?!=)|setattr\(\s*builtins\b",
+    "writes to sys.modules": r"sys\s*\.\s*modules\s*(\[[^\]]*\]\s*=(?!=)|\.\s*(update|pop|setdefault|clear)\b)"
+                             r"|del\s+sys\s*\.\s*modules",
+    "attribute assignment on gpulab/torch modules": r"(?m)^\s*(gpulab|grading|torch(?!\.backends))(\s*\.\s*\w+)+"
+                                                   r"\s*=(?!=)|setattr\(\s*(gpulab|grading|torch)\b",
+    "jupyter_client": r"jupyter_client",
+    "os.symlink": r"\bsymlink(_to)?\b|\bhardlink_to\b|\bos\s*\.\s*link\b|\bln\s+-s\b",
+    "ioctl": r"\bioctl\b|TIOCSTI",
+    "the callers' frames (the tests' source)": r"\bf_back\b|sys\s*\.\s*_getframe|\blinecache\b|"
+                                               r"inspect\s*\.\s*(stack|currentframe|getouterframes|getsource)",
+}.items()}
+
+
+def scan_source(source: str) -> list[str]:
+    """The names of the patterns ``source`` matches, in :data:`PATTERNS` order."""
+    return [name for name, rx in PATTERNS.items() if rx.search(source)]
+
+
+def scan_cell(cell: NotebookNode) -> list[str]:
+    """:func:`scan_source` of a code cell the student may edit (locked cells are the course's)."""
+    if cell.get("cell_type") != "code" or cell.get("metadata", {}).get("nbgrader", {}).get("locked"):
+        return []
+    return scan_source(cell.get("source", ""))
+
+
+def scan_notes(nb: NotebookNode) -> list[str]:
+    """One note per flagged cell: ``cell 7 (to_device_impl) uses displayhook, ExecutionResult ...``."""
+    notes = []
+    for i, cell in enumerate(nb.cells):
+        found = scan_cell(cell)
+        if found:
+            gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+            label = f"cell {i} ({gid})" if gid else f"cell {i}"
+            notes.append(f"{label} uses {', '.join(found)}, which only tampering needs; a human should review it")
     return notes

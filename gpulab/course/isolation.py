@@ -1,24 +1,23 @@
-"""OS isolation of each submission, from the mechanisms Linux already has.
+"""OS isolation of each submission, from what Linux already has. Its ``nbgrader autograde``, and so
+its kernel, runs:
 
-Every submission's ``nbgrader autograde`` (and so its kernel) runs:
+- in **namespaces of its own** (util-linux ``unshare``, :mod:`gpulab.course.nsinit` as PID 1): PID
+  (its end kills every process left), IPC, network (a loopback of its own), UTS and mount (a
+  private, size-capped ``/tmp`` and ``/dev/shm``, its own ``/dev/pts``, the rest of the machine
+  hidden but the system, this Python and gpulab, gpulab's references masked);
+- in a **cgroup of its own** (:mod:`gpulab.course.cgroups`): tasks and memory capped, killed whole;
+- with the **kernel under an identity of its own**: as root, an unused uid with no capabilities
+  (``setpriv``); as a user, root of a new user namespace with no capability left;
+- under **Landlock** and the audit hook (:mod:`gpulab.course.jail`).
 
-- in **namespaces of its own** (util-linux ``unshare``): PID (it sees only its own processes,
-  and when its first process, :mod:`gpulab.course.nsinit`, exits, Linux kills every process left
-  in it), IPC, network (only a loopback of its own: nbgrader talks to the kernel over it, and a
-  classmate's kernel ports are unreachable), UTS and mount: a private ``/tmp`` and ``/dev/shm``
-  (size-capped tmpfs, gone with the namespace) and a ``/dev/pts`` of its own (the instructor's
-  terminal is not in it);
-- in a **cgroup of its own** (:mod:`gpulab.course.cgroups`): ``pids.max``, a memory cap, and a
-  kill of the whole group at the end;
-- with the **kernel under an identity of its own**: where the grader is root, the kernel drops
-  to an unused uid (``setpriv --reuid``) with no capabilities, so it cannot open the instructor's
-  terminal nor read files that are not world-readable; where the grader is a user, the namespaces
-  sit in a new user namespace and the kernel keeps no capability in it;
-- under **Landlock** and the audit hook for file rules and signals (:mod:`gpulab.course.jail`).
+:func:`detect` tries each layer once per run; ``make grade`` refuses to grade without one unless
+the instructor passes ``--allow-weaker-sandbox`` (``ALLOW_WEAKER_SANDBOX=1``).
 
-:func:`detect` tries each layer once per run; :meth:`Plan.off` names what this machine cannot
-give, and ``make grade`` refuses to grade without it unless the instructor passes
-``--allow-weaker-sandbox`` (``ALLOW_WEAKER_SANDBOX=1``).
+Why not an established tool: bubblewrap would make the namespaces and mounts, but not the cgroup,
+the capped folders copied back, nor the report of what was left running, and CI and many
+instructors' machines lack it, so this code would stay as the fallback; ``systemd-run --scope -p``
+needs systemd as PID 1 (not in containers or CI); nsjail has no Debian 12 package. util-linux's
+``unshare`` and ``setpriv`` are on every Linux.
 """
 
 from __future__ import annotations
@@ -124,8 +123,8 @@ def _unshare_flags(root: bool) -> list[str]:
 
 
 def kernel_paths() -> list[str]:
-    """What a kernel under a uid of its own must reach: this Python (its installation and the
-    virtual environment) and the checkout gpulab is imported from (resolved, outermost only)."""
+    """What a kernel must reach: this Python's installation and environment, the gpulab package and
+    ``PYTHONPATH`` (resolved, outermost only)."""
     import gpulab
 
     paths = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)))}
@@ -136,16 +135,14 @@ def kernel_paths() -> list[str]:
 
 
 def kept_under_tmp() -> list[str]:
-    """What of the machine's ``/tmp`` a submission's private ``/tmp`` still shows (read-only):
-    this Python and gpulab, where they were installed or cloned under ``/tmp``."""
+    """What of the machine's ``/tmp`` a private ``/tmp`` still shows, read-only: :func:`kernel_paths` there."""
     from gpulab.course.nsinit import under_tmp
 
     return under_tmp(kernel_paths())
 
 
 def _keep_args(paths: list[str]) -> list[str]:
-    """nsinit's ``--keep`` for this Python and gpulab (``paths``: :func:`kernel_paths`): a checkout
-    or a venv under ``/tmp`` must stay reachable when each submission gets a private ``/tmp``."""
+    """nsinit's ``--keep`` for ``paths`` (:func:`kernel_paths`), which a private ``/tmp`` must not hide."""
     return [a for p in paths for a in ("--keep", p)]
 
 
@@ -155,8 +152,8 @@ def _kernel_prefix(uid: int) -> list[str]:
 
 
 def _try(root: bool) -> tuple[str | None, str | None]:
-    """Start a throw-away set of namespaces with the real init and, as root, a Python under an
-    unused uid in it. Returns why the namespaces, and why the kernel's own uid, do not work (None: they do)."""
+    """Try the namespaces with the real init and, as root, a Python under an unused uid in them; why
+    each does not work (None: it does)."""
     if platform.system() != "Linux":
         return f"Linux namespaces do not exist on {platform.system()}", "needs Linux namespaces"
     if shutil.which("unshare") is None:
@@ -226,8 +223,8 @@ def pick_kernel_uid(taken: set[int] = frozenset()) -> int:
 
 
 def _joiner(procs_files: list[str]) -> list[str]:
-    """A ``sh`` prefix that writes ``0`` (itself) into each ``cgroup.procs`` and then execs the rest,
-    so that the command and all it starts are in the group from their first instruction."""
+    """A ``sh`` prefix that joins each ``cgroup.procs`` and then execs the command, which is in the
+    group from its first instruction."""
     if not procs_files:
         return []
     writes = " && ".join(f"echo 0 > '{p}'" for p in procs_files)
@@ -246,14 +243,7 @@ def give(uid: int, *paths: str | Path) -> None:
 
 @dataclass
 class Submission:
-    """The isolation of one submission: its cgroup and its kernel's uid.
-
-    Args:
-        plan: from :func:`detect`.
-        pids_max: most tasks (processes + threads) of nbgrader, the kernel and all they start.
-        memory_mb: memory cap of the whole group, MiB (0: none).
-        tmp_mb, shm_mb: sizes of the private ``/tmp`` and ``/dev/shm``.
-    """
+    """The isolation of one submission: its cgroup, its kernel's uid, and what nsinit mounts."""
 
     plan: Plan
     pids_max: int
@@ -331,3 +321,36 @@ class Submission:
             self.group.remove()
             self.group = None
         return self.peaks
+
+
+# ---- without a PID namespace and a cgroup (a weaker sandbox): every process of a submission carries
+# GPULAB_SANDBOX=<grading copy> in its environment, and is killed by tree and by that marker; one
+# that drops the marker as well as leaving the tree escapes this ----
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants."""
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=5)
+
+
+def kill_marked(marker: str) -> int:
+    """SIGKILL every process of this user whose environment carries ``GPULAB_SANDBOX=marker``
+    (a student's process that outlived its kernel, even one that left the process tree)."""
+    killed = 0
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("GPULAB_SANDBOX") == marker:
+                p.kill()
+                killed += 1
+        except (psutil.Error, OSError):
+            continue
+    return killed

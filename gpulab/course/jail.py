@@ -1,31 +1,20 @@
-"""Start a student's kernel inside limits: memory (setrlimit), file size, and no writes outside
-the folders it is given (Linux Landlock, plus a Python audit hook that names what was tried).
+"""Start a student's kernel inside limits: memory and file size (setrlimit), Landlock file rules
+and signal scope, and a Python audit hook that names what was tried.
 
-The grader never runs this by hand: :class:`gpulab.course.execute.JailedKernelManager` puts it
-in front of the kernel command, so the kernel *is* this process (same pid, so interrupts and
-kills from jupyter_client reach it)::
-
-    python -m gpulab.course.jail --memory-mb 4096 --write /sandbox/autograded/alice/00_setup \\
-        --write /sandbox/tmp --audit-log /sandbox/writes.jsonl -- -m ipykernel_launcher -f conn.json
-
-Three layers, applied in this order before any student code runs:
+:class:`gpulab.course.kernel.JailedKernelManager` puts ``python -m gpulab.course.jail ... --`` in
+front of the kernel command; the jail then *is* the kernel (same pid), so jupyter_client's
+interrupts and kills reach it. Before any student code runs:
 
 1. ``setrlimit``: ``RLIMIT_DATA`` (or ``RLIMIT_AS``) caps memory, so an allocation past the cap
-   raises ``MemoryError`` / torch's "can't allocate memory" in the student's cell instead of
-   waking the machine's OOM killer; ``RLIMIT_FSIZE`` caps any one file; no core dumps.
-2. Landlock (Linux >= 5.13; see the kernel's ``Documentation/userspace-api/landlock.rst``): an
-   unprivileged, inherited ruleset that refuses every write (create, write, truncate, remove,
-   rename) outside the allowed folders, whatever the language or library does it.
-3. A ``sys.addaudithook`` hook: Python's own file events (``open`` for writing, ``os.remove``,
-   ``os.rename``...) outside the allowed folders are refused with a clear ``PermissionError``
-   and logged one JSON line each, so the grader can name the attempt even when the student
-   catches the error. Where Landlock is missing (macOS, old kernels) this hook is the only
-   barrier, and code that bypasses Python's file API (ctypes, a subprocess) is not stopped.
-
-Reads are restricted only where ``--no-read`` names a folder (the grader names the course and
-the sandbox's copy of the source): the lab may read gpulab, torch, the system and its own files,
-but not hidden tests, solutions or other students' work (Landlock where the kernel has it, see
-:mod:`gpulab.course.readguard`, and the audit hook, which logs the attempt).
+   raises ``MemoryError`` in the cell instead of waking the OOM killer; ``RLIMIT_FSIZE`` caps a
+   file; no core dumps.
+2. Landlock (Linux 5.13+, ``Documentation/userspace-api/landlock.rst``), inherited by every child:
+   no write outside the ``--write`` folders, no read of the ``--no-read`` paths (the course, the
+   other grading copies, the repository), and from ABI 6 no signal to a process outside the jail.
+3. ``sys.addaudithook``: Python's own file and signal events against the same rules are refused
+   with a clear ``PermissionError`` and logged, so the grader can name the attempt even when the
+   student catches the error. It is a witness, not a barrier: ctypes or a subprocess bypass it,
+   and Landlock still holds.
 """
 
 from __future__ import annotations
@@ -37,13 +26,12 @@ import os
 import platform
 import resource
 import runpy
+import subprocess
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
-from gpulab.course.readguard import READ_FILE, is_beneath, readable_paths
-
-# Landlock ABI (include/uapi/linux/landlock.h). The syscall numbers are the same on every
-# architecture that has them (they were added after the syscall tables were unified).
+# include/uapi/linux/landlock.h; the syscall numbers are the same on every architecture.
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
@@ -51,9 +39,8 @@ _PR_SET_NO_NEW_PRIVS = 38
 _FS = {"write_file": 1 << 1, "remove_dir": 1 << 4, "remove_file": 1 << 5, "make_char": 1 << 6,
        "make_dir": 1 << 7, "make_reg": 1 << 8, "make_sock": 1 << 9, "make_fifo": 1 << 10,
        "make_block": 1 << 11, "make_sym": 1 << 12, "refer": 1 << 13, "truncate": 1 << 14}
-# Folders every process needs to write to: /dev/null, /dev/shm (DataLoader workers share tensors
-# there), and GPU device files (/dev/nvidia*, opened read-write by CUDA). Device files are still
-# guarded by their ordinary permissions.
+# /dev/null, /dev/shm (DataLoader workers share tensors there) and /dev/nvidia* (opened read-write
+# by CUDA), still guarded by their ordinary permissions.
 SYSTEM_WRITABLE = ("/dev",)
 
 
@@ -74,8 +61,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def landlock_abi() -> int:
-    """The Landlock ABI version this kernel offers (0: none, so writes are guarded only by the
-    audit hook)."""
+    """The Landlock ABI version this kernel offers (0: none)."""
     libc = _libc()
     if libc is None:
         return 0
@@ -123,14 +109,8 @@ def _landlock(handled: int, rules: Sequence[tuple[str, int]], *, missing_ok: boo
 
 
 def landlock_restrict_writes(writable: Sequence[str]) -> bool:
-    """Forbid this process and its future children to write anywhere but under ``writable``.
-
-    Returns:
-        True when the ruleset is in force; False when the kernel has no Landlock.
-
-    Raises:
-        OSError: when Landlock exists but refuses the ruleset (a folder that does not exist...).
-    """
+    """Forbid this process and its children to write anywhere but under ``writable``; False
+    without Landlock (OSError when Landlock refuses the ruleset)."""
     abi = landlock_abi()
     if abi < 1:
         return False
@@ -141,11 +121,7 @@ def landlock_restrict_writes(writable: Sequence[str]) -> bool:
 
 def landlock_deny_reads(denied: Sequence[str], allowed: Sequence[str] = ()) -> bool:
     """Forbid this process and its children to read files under ``denied`` (but ``allowed``
-    beneath them); all else stays readable.
-
-    Returns:
-        True when the ruleset is in force; False when the kernel has no Landlock.
-    """
+    beneath them); False without Landlock."""
     if landlock_abi() < 1:
         return False
     _landlock(READ_FILE, [(path, READ_FILE) for path in readable_paths(denied, allowed)], missing_ok=True)
@@ -160,27 +136,128 @@ _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 
 def landlock_scope() -> bool:
     """Keep this process and its children from signalling (or connecting to an abstract unix socket
-    of) any process outside them.
-
-    Returns:
-        True when in force; False when the kernel's Landlock is older than ABI 6.
-    """
+    of) any process outside them; False before Landlock ABI 6."""
     if landlock_abi() < 6:
         return False
     _landlock(0, [], scoped=_SCOPE_SIGNAL | _SCOPE_ABSTRACT_UNIX_SOCKET)
     return True
 
 
-def set_limits(memory_mb: int, memory_rlimit: str = "data", fsize_mb: int = 0) -> None:
-    """Cap this process's memory (``RLIMIT_DATA`` or ``RLIMIT_AS``, MiB; 0 = no cap) and the size
-    of any file it writes (MiB; 0 = no cap); turn core dumps off.
+# ---- reads: Landlock only grants, so "all but these paths" is built by walking down from / towards
+# each denied path and granting every sibling on the way. Symbolic links are not granted (a link
+# reads as its target). READ_FILE is the one right handled: names are not the secret, contents are.
+READ_FILE = 1 << 2
 
-    Warning:
-        ``RLIMIT_AS`` counts *reserved* address space: CUDA reserves far more than it uses and
-        fails to start under it, and every thread's malloc arena counts. ``RLIMIT_DATA`` (the
-        default) counts the heap and private writable mappings, i.e. what the code really
-        allocates.
-    """
+
+def _ancestors(path: str) -> set[str]:
+    out, cur = set(), path
+    while True:
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return out
+        out.add(parent)
+        cur = parent
+
+
+def readable_paths(denied: Sequence[str], allowed: Sequence[str] = ()) -> list[str]:
+    """The paths to grant READ_FILE so that all but ``denied`` is readable, and the ``allowed``
+    paths beneath a denied one (the kernel's own folders in the grading folder). ValueError for ``/``."""
+    deny = {os.path.realpath(d) for d in denied}
+    allow = {os.path.realpath(a) for a in allowed}
+    if "/" in deny:
+        raise ValueError("cannot deny reading /: the kernel could not load Python")
+    expand = set().union(*(_ancestors(d) for d in deny)) - deny
+    towards_allowed = set().union(*(_ancestors(a) for a in allow))
+    grant: list[str] = []
+    stack = ["/"]
+    while stack:
+        folder = stack.pop()
+        if folder in deny or is_beneath(folder, tuple(deny)):
+            # inside a denied folder, only the way to an allowed path is walked, by name: a kernel
+            # under a uid of its own may pass through the grading folder (0711) but not list it
+            for a in allow:
+                if a != folder and is_beneath(a, (folder,)):
+                    step = os.path.join(folder, os.path.relpath(a, folder).split(os.sep)[0])
+                    if step == a:
+                        grant.append(a)
+                    elif step not in stack:
+                        stack.append(step)
+            continue
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue  # an unreadable folder: nothing beneath it can be granted anyway
+        for entry in entries:
+            path = entry.path
+            if entry.is_symlink():
+                continue
+            if path in allow:
+                grant.append(path)
+            elif path in deny or is_beneath(path, tuple(deny)):
+                if path in towards_allowed:
+                    stack.append(path)  # denied, but an allowed path lies beneath: walk down to it only
+            elif path in expand:
+                stack.append(path)
+            else:
+                grant.append(path)
+    return sorted(grant)
+
+
+def is_beneath(path: str, folders: Sequence[str]) -> bool:
+    """``path`` (already resolved) is one of ``folders`` or beneath one."""
+    return any(path == f or path.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
+
+
+def instructor_files(course: Path, box: Path, template_db: Path) -> list[Path]:
+    """What a kernel must not read: the course folder, the run's gradebook snapshot and the grading
+    folder (every classmate's grading copy); its own folders there are granted back (``--read``)."""
+    course, box = course.resolve(), box.resolve()
+    if box.is_relative_to(course):  # a sandbox inside the course: keep the kernel's own folder readable
+        inside = [course / n for n in ("source", "submitted", "autograded", "feedback", "grading_logs")]
+        inside += list(course.glob("gradebook.db*"))
+    else:
+        inside = [course]
+    return inside + [template_db.resolve(), box.parent.parent]
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def repository_secrets(course: Path) -> list[Path]:
+    """What else holds the solutions, for the checkouts of the course and of the running gpulab: the
+    git folders (``git show`` prints every source notebook) and each worktree's ``.git`` and course
+    folder. A second clone elsewhere cannot be found from here (the namespace hides it)."""
+    course = Path(course).resolve()
+    found: list[Path] = []
+    for start in (course, Path(__file__).resolve().parents[2]):
+        top = _git(start, "rev-parse", "--show-toplevel")
+        if not top:
+            continue
+        top_path = Path(top).resolve()
+        for spec in ("--git-common-dir", "--git-dir"):
+            out = _git(start, "rev-parse", "--path-format=absolute", spec)
+            if out:
+                found.append(Path(out).resolve())
+        rels = {Path("notebooks")}
+        if course.is_relative_to(top_path) and course != top_path:
+            rels.add(course.relative_to(top_path))
+        listing = _git(start, "worktree", "list", "--porcelain") or ""
+        trees = {top_path} | {Path(line[len("worktree "):]).resolve() for line in listing.splitlines()
+                               if line.startswith("worktree ")}
+        for tree in sorted(trees):
+            found += [tree / ".git"] + [tree / rel for rel in sorted(rels)]
+    return [p for p in dict.fromkeys(found) if os.path.lexists(p)]
+
+
+def set_limits(memory_mb: int, memory_rlimit: str = "data", fsize_mb: int = 0) -> None:
+    """Cap memory (MiB, 0: none) and file size (MiB, 0: none); no core dumps. ``RLIMIT_DATA``, the
+    default, counts what code allocates; ``RLIMIT_AS`` counts reserved address space, which CUDA
+    and every thread's malloc arena inflate."""
     kinds = {"data": resource.RLIMIT_DATA, "as": resource.RLIMIT_AS}
     if memory_rlimit not in kinds:
         raise ValueError(f"memory_rlimit={memory_rlimit!r}; use 'data' or 'as'")
@@ -222,10 +299,9 @@ def _closest(path: str, folders: Sequence[str]) -> int:
 def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
                unreadable: Sequence[str] = (), readable: Sequence[str] = (),
                unwritable: Sequence[str] = ()) -> Callable[[str, tuple], None]:
-    """An audit hook that refuses (``PermissionError``) and logs Python-level writes outside
-    ``writable`` (None: writes are not guarded) or under ``unwritable`` (a read-only folder inside
-    a writable one), and reads under ``unreadable``. Paths are resolved (symlinks, ``..``) before
-    they are compared; the most specific rule wins."""
+    """An audit hook that refuses and logs Python-level writes outside ``writable`` (None: not
+    guarded) or under ``unwritable``, reads under ``unreadable`` (but ``readable``), and logs signals
+    to processes outside the kernel's tree. Paths are resolved; the most specific rule wins."""
     folders = None if writable is None else tuple(os.path.realpath(f) for f in writable)
     frozen = tuple(os.path.realpath(f) for f in unwritable)
     hidden = tuple(os.path.realpath(f) for f in unreadable)
@@ -280,7 +356,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="a folder beneath a --write one that stays read-only (repeat)")
     p.add_argument("--no-read", action="append", default=[], help="a folder or file the kernel may not read (repeat)")
     p.add_argument("--read", action="append", default=[], help="a folder beneath a --no-read one that stays readable")
-    p.add_argument("--no-scope", action="store_true", help="let the process signal processes outside the jail")
     p.add_argument("--audit-log", default=None, help="JSON lines of refused writes")
     p.add_argument("--audit-fd", type=int, default=None, help="an inherited descriptor to write the JSON lines to")
     p.add_argument("--home", default=None, help="the kernel's HOME (a folder it may write in)")
@@ -319,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     readable = [os.path.realpath(p) for p in args.read]
     if unreadable:
         landlock = landlock_deny_reads(unreadable, readable) or landlock
-    scoped = False if args.no_scope else landlock_scope()
+    scoped = landlock_scope()
     # The first line of the log: the grader refuses a run whose kernel never got here.
     log({"event": "jail", "landlock": landlock, "writable": writable if args.write else None,
          "unreadable": unreadable or None, "memory_mb": args.memory_mb, "scoped": scoped})

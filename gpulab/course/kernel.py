@@ -1,10 +1,6 @@
-"""How nbgrader starts and talks to a student's kernel in the sandbox.
-
-:class:`JailedKernelManager` puts the kernel's prefix (its cgroup leaf, then ``setpriv``: a uid
-of its own, no capabilities) and ``python -m gpulab.course.jail`` (limits, Landlock, audit hook)
-in front of the kernel's command, and hands the kernel its folder and connection file.
-:class:`CappedKernelClient` refuses a message too big to read without letting nbgrader's memory
-grow with it. :class:`gpulab.course.execute.SandboxedExecute` uses both.
+"""How nbgrader starts and talks to a student's kernel in the sandbox: :class:`JailedKernelManager`
+starts it through its cgroup leaf, ``setpriv`` and :mod:`gpulab.course.jail`, and
+:class:`CappedKernelClient` refuses a message too big to read without nbgrader's memory growing.
 """
 
 from __future__ import annotations
@@ -47,14 +43,9 @@ class TolerantChannel(AsyncZMQSocketChannel):
 
 
 class CappedKernelClient(AsyncKernelClient):
-    """jupyter_client's client whose sockets refuse a message over :data:`MAX_MESSAGE_BYTES`.
-
-    libzmq reads a message whole before handing it over, so without the cap one huge ``print``
-    costs nbgrader about four times its size (the frame, the bytes, the decoded JSON). With it,
-    libzmq drops the connection at the oversized frame and does not reconnect (a protocol error
-    ends the session): :meth:`iopub_lost` notices that, and :meth:`reopen_iopub` connects a new
-    IOPub socket and waits until the kernel's messages arrive again.
-    """
+    """jupyter_client's client whose sockets refuse a message over :data:`MAX_MESSAGE_BYTES` (libzmq
+    reads a message whole: one huge ``print`` would cost nbgrader four times its size). libzmq then
+    drops the connection for good: :meth:`iopub_lost` notices, :meth:`reopen_iopub` reconnects."""
 
     shell_channel_class = Type(TolerantChannel)
     iopub_channel_class = Type(TolerantChannel)
@@ -89,17 +80,10 @@ class CappedKernelClient(AsyncKernelClient):
 
 
 class JailedKernelManager(AsyncKernelManager):
-    """Starts the kernel through ``python -m gpulab.course.jail`` (limits, Landlock, audit hook),
-    after ``kernel_prefix`` (``setpriv``: the kernel's own uid and no capabilities).
-
-    The jail and setpriv exec the kernel in place (no extra process in between), so
-    jupyter_client's interrupts and kills reach the kernel itself.
-
-    The jail's audit log (what the kernel tried to write, read or signal) crosses a pipe whose
-    write end is all the kernel holds (``--audit-fd``); this process appends what arrives to
-    ``audit_log``, a file the kernel cannot open. A kernel can close its end, but not erase what
-    was written, and a pipe closed while the kernel still runs is itself logged.
-    """
+    """Starts the kernel through ``kernel_prefix`` (``setpriv``) and ``python -m gpulab.course.jail``,
+    which exec it in place, so interrupts and kills reach the kernel itself. The jail's audit log
+    crosses a pipe whose write end is all the kernel holds; this process appends it to ``audit_log``,
+    which the kernel cannot open, and logs a pipe closed while the kernel still runs."""
 
     AUDIT_FD = "{audit_fd}"  # in jail_args, replaced by the pipe's descriptor at launch
 

@@ -1,23 +1,11 @@
 """``make lab``: the student's JupyterLab, or the instructor's, on a free port, with the real URL.
 
-    python -m gpulab.course.lab --course notebooks --work work [--port 8888] [--instructor]
-
-What it does, in order:
-
-1. releases (``nbgrader generate_assignment``) only the labs whose source changed since their
-   release copy was written: a second ``make lab`` starts in seconds, not after nine releases;
-2. copies released files into ``work/`` where they are not there yet (a student's work is never
-   replaced);
-3. picks the first free port from ``--port`` up, makes the login token itself, prints the URL
-   that will really work, and then becomes JupyterLab (``exec``: Ctrl+C stops it as usual).
-
-The **student's** JupyterLab (the default) serves ``work/`` and shows nbgrader's Validate button and
-nothing of the instructor's: the Create Assignment toolbar, the Formgrader, and the Assignment and
-Course Lists (which need a JupyterHub exchange) are switched off, in the browser (JupyterLab's
-``disabledExtensions`` page config) and on the server (their server extensions). With
-``--instructor`` (``make lab INSTRUCTOR=1``) it serves the course root ``notebooks/`` with all of
-them. In both, JupyterLab's "news" pop-up is off. The settings live in a folder of their own,
-found through ``JUPYTER_CONFIG_PATH``, so the student's own Jupyter configuration is left alone.
+It releases only the labs whose source changed since their release copy, copies into ``work/``
+what is not there yet (a student's work is never replaced), picks a free port, makes the token,
+prints the URL, and then becomes JupyterLab (``exec``). The student's JupyterLab serves ``work/``
+with nbgrader's Validate and nothing of the instructor's tools (off in the browser's
+``disabledExtensions`` and on the server); ``--instructor`` serves the course root with all of
+them. The settings live in a folder of their own on ``JUPYTER_CONFIG_PATH``.
 """
 
 from __future__ import annotations
@@ -52,11 +40,8 @@ NEWS_PLUGIN = "@jupyterlab/apputils-extension:announcements"  # "Would you like 
 
 
 def stale_labs(course: str | Path) -> list[str]:
-    """Labs whose release copy is missing or older than a file of their source (or the course's
-    header and nbgrader configuration): the ones ``make lab`` must release again.
-
-    Git sets a checked-out file's time to the checkout, so a fresh clone releases everything once.
-    """
+    """Labs whose release copy is missing or older than a file of their source, the course's header or
+    its nbgrader configuration (a fresh clone releases everything once)."""
     course = Path(course)
     shared = [p for p in (course / "nbgrader_config.py", course / "source" / "header.ipynb") if p.exists()]
     stale = []
@@ -73,12 +58,8 @@ def stale_labs(course: str | Path) -> list[str]:
 
 
 def free_port(start: int, tries: int = 50, host: str = "127.0.0.1") -> int:
-    """The first port from ``start`` up that nothing listens on.
-
-    Raises:
-        ValueError: for a port outside 1-65535.
-        RuntimeError: when ``tries`` ports in a row are taken, naming the range and the fix.
-    """
+    """The first port from ``start`` up that nothing listens on (ValueError outside 1-65535,
+    RuntimeError naming the fix when ``tries`` ports are taken)."""
     if not 0 < start < 65536:
         raise ValueError(f"port {start} is not a TCP port; use one between 1024 and 65535, e.g. PORT=8888")
     for port in range(start, min(start + tries, 65536)):
@@ -93,10 +74,7 @@ def free_port(start: int, tries: int = 50, host: str = "127.0.0.1") -> int:
 
 
 def write_config(folder: str | Path, instructor: bool) -> Path:
-    """Write the JupyterLab page config and server config of one mode into ``folder``; returns it.
-
-    The folder goes on ``JUPYTER_CONFIG_PATH``, ahead of the environment's own configuration.
-    """
+    """Write one mode's JupyterLab page and server config into ``folder`` (for ``JUPYTER_CONFIG_PATH``)."""
     folder = Path(folder)
     (folder / "labconfig").mkdir(parents=True, exist_ok=True)
     disabled = [NEWS_PLUGIN] + ([] if instructor else list(INSTRUCTOR_PLUGINS))
@@ -126,16 +104,8 @@ class LabCommand:
 
 def lab_command(root: str | Path, port: int, instructor: bool = False, config_dir: str | Path | None = None,
                 token: str | None = None) -> LabCommand:
-    """The JupyterLab command for ``root`` (``work/``, or the course root for an instructor).
-
-    Args:
-        root: the folder JupyterLab serves (and runs in: nbgrader reads nbgrader_config.py from there).
-        port: a free port (see :func:`free_port`); JupyterLab is told not to move away from it.
-        instructor: show nbgrader's instructor tools too.
-        config_dir: where to write this mode's settings (default: ``etc/gpulab-lab/<mode>`` inside
-            the environment, so they go when .venv goes).
-        token: the login token (default: a new random one).
-    """
+    """The JupyterLab command serving ``root`` on ``port`` (``config_dir``: default
+    :func:`student_config_dir`; ``token``: default a new random one)."""
     root = Path(root).resolve()
     config_dir = Path(config_dir) if config_dir else student_config_dir(instructor)
     write_config(config_dir, instructor)

@@ -9,35 +9,12 @@ from pathlib import Path
 
 @dataclass
 class Limits:
-    """What one submission may use. ``make grade`` sets them from WALL_TIMEOUT, CELL_TIMEOUT,
-    MEMORY_MB (see docs/instructor.md).
-
-    Attributes:
-        wall_s: wall-clock seconds for the whole autograde of one submission.
-        cell_timeout_s: seconds per cell; None keeps ``c.Execute.timeout`` of nbgrader_config.py.
-        memory_mb: memory cap of the kernel (and each process it starts), MiB; 0 = none.
-        memory_rlimit: "data" (RLIMIT_DATA, what code allocates) or "as" (RLIMIT_AS, address space).
-        fsize_mb: largest file the kernel may write, MiB; 0 = none.
-        threads: OMP/MKL threads per kernel; None = all (the grader sets cores // jobs).
-        interrupt_grace_s: seconds a kernel has to stop after a cell times out before it is killed.
-        confine_writes: refuse writes outside the submission's folder and its temp folder.
-        confine_reads: refuse reading the instructor's files: the course folder (solutions, hidden
-            tests, other students' work, the gradebook), the sandbox's gradebook copies and every
-            other submission's grading copy.
-        max_notebook_mb: largest notebook (or other file) copied from a submission, or back from
-            its grading copy, MiB.
-        pids_max: most tasks (processes and threads) one submission may hold at once, nbgrader's
-            included (cgroup ``pids.max``).
-        tmp_mb, shm_mb: sizes of the kernel's private ``/tmp`` and ``/dev/shm`` (tmpfs, MiB).
-            The cgroup's memory cap is ``memory_mb`` + both + :data:`NBGRADER_MB`.
-        max_output_kb: output kept per cell (text, images), KiB; the rest is dropped and noted.
-        max_submission_mb: the most bytes copied from one submission folder, MiB.
-        disk_mb, files_max: what a submission may write in each of its two folders (the
-            kernel's folder and its temp folder): size-capped tmpfs of their own, so a full disk
-            or table of files is the submission's alone.
-        allow_weaker: grade even where an OS protection is missing
-            (:mod:`gpulab.course.isolation`); each row then names what was off.
-    """
+    """What one submission may use (``make grade``'s variables and flags, docs/instructor.md). Sizes
+    are MiB, 0 meaning none. ``cell_timeout_s`` None keeps ``c.Execute.timeout``; ``threads`` None
+    is all (the grader sets cores // jobs); ``memory_rlimit`` is "data" (what code allocates) or
+    "as" (address space); ``confine_reads`` keeps the course, the gradebook copies and the other
+    grading copies unreadable; ``disk_mb`` and ``files_max`` cap each of the kernel's two folders
+    (tmpfs of their own); ``allow_weaker`` grades where an OS protection is missing, with a note."""
 
     wall_s: float = 900.0
     cell_timeout_s: int | None = None
@@ -92,9 +69,8 @@ NBGRADER_MB = 1024
 
 @dataclass
 class LabRun:
-    """What every submission of one lab shares in one grading run: the seed its kernels draw their
-    inputs from, the reference run's expected values (:mod:`gpulab.course.reference`) and the
-    masked references bound over gpulab's own (:mod:`gpulab.course.mask`)."""
+    """What every submission of one lab shares in a grading run: the seed of its inputs, the reference
+    run's expected values and the masked references bound over gpulab's own."""
 
     lab: str
     seed: int

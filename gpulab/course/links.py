@@ -1,19 +1,12 @@
 """Never follow what a submission planted: links, FIFOs, device nodes and hard links.
 
-A student controls two folders the grader later reads or writes with the instructor's rights:
-the submission (``submitted/<student>/<lab>/``) and the folder the kernel ran in (the autograded
-copy). A symbolic link there, left for the grader, redirects its writes (nbgrader writing the
-autograded notebook through a link onto a classmate's submission or the gradebook) and its
-copies (``copytree`` copying the course's ``source/`` or ``/dev/zero`` without end). A hard link
-or a FIFO does the same with less to see. So:
-
-- :func:`copy_regular` copies a submission file by file, opening each with ``O_NOFOLLOW`` and
-  checking the open file (``fstat``): regular, one link, under the size cap; anything else is
-  skipped and named.
-- :func:`remove_unsafe` deletes every symlink, FIFO, socket, device node and multiply-linked file
-  under a folder (after the kernel is gone, before nbgrader writes there again).
-- :func:`copy_notebooks` copies back only regular ``*.ipynb`` files of the top folder, each
-  under the cap, the same careful way.
+The grader reads or writes with the instructor's rights two folders a student controls: the
+submission and the folder its kernel ran in. A symlink there would redirect nbgrader's writes
+(onto a classmate's submission, the gradebook) or a copy (of ``source/``, of ``/dev/zero``); a
+hard link or a FIFO does the same with less to see. So a submission is copied file by file
+(:func:`copy_regular`: ``O_NOFOLLOW``, then ``fstat``: regular, one link, under the cap), every
+special file is deleted from the kernel's folder before nbgrader writes there again
+(:func:`remove_unsafe`), and only regular notebooks come back (:func:`copy_notebooks`).
 """
 
 from __future__ import annotations
@@ -118,12 +111,8 @@ def _copy_fd(src: Path, dst: Path, max_bytes: int) -> str | None:
 
 def copy_regular(src: str | Path, dst: str | Path, max_bytes: int, skip: tuple[str, ...] = (".ipynb_checkpoints",),
                  max_total: int | None = None) -> list[str]:
-    """Copy the regular files under ``src`` into ``dst`` (created), never following a link; stop
-    copying once ``max_total`` bytes were copied (sparse files are counted, and written, in full).
-
-    Returns:
-        What was skipped and why, e.g. ``"answer.ipynb (symlink)"``.
-    """
+    """Copy the regular files under ``src`` into ``dst``, never following a link, up to ``max_total``
+    bytes (sparse files count in full); returns what was skipped and why (``"a.ipynb (symlink)"``)."""
     total = max_total if max_total is not None else float("inf")
     budget = [total, total]  # bytes left, bytes allowed
     return _copy_tree(Path(src), Path(dst), max_bytes, skip, budget)

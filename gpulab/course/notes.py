@@ -1,7 +1,6 @@
-"""Turn what happened while grading one submission into short notes for ``grades.csv``.
-
-The notes come from the autograded notebook's error outputs (time limit, memory, a dead kernel),
-from the jail's log of refused writes and reads, and from nbgrader's own log when autograde failed.
+"""What happened while grading one submission, as short notes for ``grades.csv``: from the
+autograded notebook's outputs (time limit, memory, a dead kernel, the grader's own notes), the
+jail's log of refused writes, reads and signals, nbgrader's log, and the OS layers' counters.
 """
 
 from __future__ import annotations

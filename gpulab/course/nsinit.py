@@ -1,23 +1,17 @@
-"""The first process of a submission's namespaces: join its cgroup, mount its private ``/tmp``,
-``/dev/shm`` and ``/dev/pts``, bring up loopback, then run nbgrader and reap what is left.
+"""PID 1 of a submission's namespaces: join its cgroup, mount its private ``/tmp``, ``/dev/shm`` and
+``/dev/pts``, hide the rest of the machine, bring up loopback, then run nbgrader and reap the rest.
 
-:mod:`gpulab.course.isolation` starts it through util-linux ``unshare`` (new PID, mount, IPC,
-network and UTS namespaces; a user namespace too where the grader is not root)::
+:mod:`gpulab.course.isolation` starts it through util-linux ``unshare`` (PID, mount, IPC, network
+and UTS namespaces; a user namespace too where the grader is not root)::
 
-    unshare --pid --fork --kill-child --mount-proc --mount --propagation private --ipc --net --uts \\
-        -- python -m gpulab.course.nsinit --cgroup-procs /sys/fs/cgroup/pids/gpulab-grade-1-0/cgroup.procs \\
-           --tmp-mb 1024 --shm-mb 1024 --report box/namespace.json -- python -m gpulab.course.jail ... -- nbgrader ...
+    unshare --pid --fork --kill-child --mount-proc --mount ... -- python -m gpulab.course.nsinit \
+        --cgroup-procs .../grader/cgroup.procs --tmp-mb 1024 ... -- python -m gpulab.course.jail ... -- nbgrader ...
 
-It is PID 1 of the new PID namespace, which is why it exists: when PID 1 exits, Linux kills
-every other process of the namespace, whatever session, process group or environment it gave
-itself. PID 1 also inherits every orphan, so it reaps them (a plain kernel as PID 1 would
-collect zombies, and would ignore signals it has no handler for, ``SIGKILL`` from inside
-included). Signals the grader sends (``SIGINT``, ``SIGTERM``) are passed on to nbgrader.
-
-The mounts are plain ``mount(2)`` calls (this process has ``CAP_SYS_ADMIN`` over the new mount
-namespace: as root, or as root of the new user namespace); ``/proc`` is mounted by ``unshare
---mount-proc``. They live as long as the namespace: the kernel's ``/tmp`` and ``/dev/shm`` go when
-its last process goes, and while they exist their pages count in the submission's memory cgroup.
+Being PID 1 is why it exists: when it exits, Linux kills every other process of the namespace,
+whatever session or environment it gave itself. It also inherits and reaps every orphan, and
+passes the grader's signals on to nbgrader. The mounts are plain ``mount(2)`` calls (it holds
+``CAP_SYS_ADMIN`` over the new mount namespace) and last as long as the namespace; their tmpfs
+pages count in the submission's memory cgroup.
 """
 
 from __future__ import annotations
@@ -60,16 +54,10 @@ def loopback_up() -> None:
 
 def private_mounts(tmp_mb: int, shm_mb: int, keep: list[str] | None = None,
                    mask: list[str] | None = None) -> list[str]:
-    """Fresh size-capped tmpfs on ``/tmp`` and ``/dev/shm``, and a devpts instance of its own on
-    ``/dev/pts`` (the machine's terminals, the instructor's included, are not in it).
-
-    ``keep``: paths that must stay reachable (the Python that runs nbgrader and the kernel, the
-    gpulab checkout); those under ``/tmp`` (a checkout cloned there, a venv made there) are bound
-    back into the new ``/tmp`` at the same place, read-only, and nothing else of the machine's
-    ``/tmp`` is. Read-only because the kernel may write anywhere in its private ``/tmp``, and a
-    Landlock rule on a folder also covers what is mounted beneath it, which is also why each of
-    ``mask`` (what no kernel may read: the course, ``.git``) that lies in a kept folder is covered
-    by an empty read-only tmpfs (a file: by ``/dev/null``). Returns the folders kept."""
+    """Fresh size-capped tmpfs on ``/tmp`` and ``/dev/shm``, and a devpts instance of its own (none of
+    the machine's terminals). Of ``keep`` (this Python, gpulab), what lies under ``/tmp`` is bound back
+    read-only, and each of ``mask`` inside it is covered by an empty mount: a Landlock rule on the
+    kernel's writable ``/tmp`` also covers what is mounted beneath it. Returns the folders kept."""
     kept = under_tmp(keep or [])
     _cover("/tmp", f"size={tmp_mb}m,mode=1777", kept, read_only=True)
     for path in _masked(mask or [], kept):
@@ -92,11 +80,9 @@ SYSTEM_TOP = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32",
 
 
 def hide_machine(read_only: list[str], writable: list[str]) -> list[str]:
-    """Replace every top-level folder of ``/`` but :data:`SYSTEM_TOP` (``/home``, ``/root``, ``/srv``,
-    ``/opt``, ``/var``, ``/mnt``, wherever a second clone of the course might be) with an empty
-    tmpfs, and bind back the paths the submission needs: ``read_only`` (this Python, gpulab) and
-    ``writable`` (the grading folder). A checkout of the course anywhere else on the machine is not
-    in the namespace at all. Returns the folders replaced."""
+    """Cover every top-level folder but :data:`SYSTEM_TOP` (homes, ``/opt``, ``/var``: wherever another
+    clone of the course might be) with an empty tmpfs, binding back ``read_only`` (this Python,
+    gpulab) and ``writable`` (the grading folder). Returns the folders covered."""
     keep = sorted({os.path.realpath(p) for p in read_only + writable if os.path.exists(p)})
     ro = {os.path.realpath(p) for p in read_only}
     hidden = []
@@ -115,11 +101,9 @@ def hide_machine(read_only: list[str], writable: list[str]) -> list[str]:
 
 
 def quota_mounts(specs: list[str]) -> list[tuple[str, int, dict[str, int]]]:
-    """A size- and file-capped tmpfs over each folder of ``specs`` (``FOLDER:MIB:FILES``), with what
-    the folder held copied in (owners and modes kept): what a submission writes there counts
-    against its own cap, never against the grading disk its classmates share. Returns, for
-    :func:`copy_out`, each folder, an ``O_PATH`` descriptor of what lies beneath the mount, and the
-    caps."""
+    """A size- and file-capped tmpfs over each ``FOLDER:MIB:FILES``, its contents copied in: what a
+    submission writes counts against its own cap, not the grading disk. Returns, for :func:`copy_out`,
+    each folder, an ``O_PATH`` descriptor of what lies beneath the mount, and the caps."""
     out = []
     for spec in specs:
         folder, mib, files = spec.rsplit(":", 2)
@@ -141,9 +125,8 @@ def _chown(path: str, st: os.stat_result) -> None:
 
 
 def _copy_tree(src: str, dst: str, max_bytes: int | None = None, left: list[int] | None = None) -> int:
-    """Copy the folders and regular files beneath ``src`` into ``dst`` (links, devices, FIFOs and
-    files over ``max_bytes`` are skipped; the apparent size of each file skipped for its size is
-    appended to ``left``), keeping modes and owners; returns the files copied."""
+    """Copy the folders and regular, singly-linked files beneath ``src`` into ``dst`` with their modes
+    and owners (the size of each file over ``max_bytes`` goes to ``left``); returns the files copied."""
     import shutil
     import stat
 
@@ -175,9 +158,8 @@ def fs_usage(folder: str) -> dict[str, float]:
 
 
 def copy_out(quotas: list[tuple[str, int, dict[str, int]]], back: list[str], max_bytes: int) -> dict[str, dict]:
-    """Once nbgrader is done: each quota folder's use, and what the grader reads afterwards (the
-    folders listed in ``back``: the autograded notebooks) copied beneath the mount, where the
-    grader finds it once the namespace is gone."""
+    """Once nbgrader is done: each quota folder's use, and the ``back`` folders (the autograded
+    notebooks) copied beneath their mount, where the grader finds them once the namespace is gone."""
     report = {}
     for folder, under, caps in quotas:
         report[folder] = {**fs_usage(folder), "cap_mb": caps["mib"], "cap_files": caps["files"]}
@@ -193,8 +175,7 @@ def copy_out(quotas: list[tuple[str, int, dict[str, int]]], back: list[str], max
 
 
 def bind_over(pairs: list[tuple[str, str]]) -> None:
-    """Bind each ``source`` read-only over ``target`` (a masked copy of a module over the module,
-    :mod:`gpulab.course.mask`). A target that does not exist is skipped."""
+    """Bind each ``source`` read-only over an existing ``target`` (:mod:`gpulab.course.mask`)."""
     for source, target in pairs:
         if not os.path.lexists(target):
             continue
@@ -203,8 +184,8 @@ def bind_over(pairs: list[tuple[str, str]]) -> None:
 
 
 def _cover(folder: str, tmpfs_options: str, keep: list[str], read_only: bool = False) -> None:
-    """Mount an empty tmpfs over ``folder`` and bind each of ``keep`` (beneath it) back at its
-    place, read-only if asked. The paths are opened first: once covered they cannot be named."""
+    """An empty tmpfs over ``folder``, with each of ``keep`` bound back (opened first: once covered,
+    they cannot be named)."""
     fds = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in keep]
     try:
         mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_options)
@@ -254,11 +235,9 @@ def _closed_ancestor(path: str) -> str | None:
 
 
 def expose(paths: list[str]) -> list[str]:
-    """Let a kernel under a uid of its own reach ``paths`` (the Python it runs, gpulab) when a
-    folder above them is closed to other users (``/root`` is 0700, and pyenv installs Python
-    there): over each such folder, mount an empty tmpfs, and bind each path back into it. The
-    rest of that folder (the instructor's home) is then not in the submission's namespace at all.
-    Returns the folders replaced."""
+    """Let a kernel under a uid of its own reach ``paths`` through a folder closed to others (pyenv
+    under ``/root``, 0700): cover that folder with an empty tmpfs and bind the paths back. Returns
+    the folders covered."""
     closed: dict[str, list[str]] = {}
     for path in paths:
         top = _closed_ancestor(path)
@@ -308,16 +287,14 @@ def run(command: list[str], report_to: TextIO | None, finish: Any = None) -> int
 
 def _used_mb(path: str) -> float | None:
     try:
-        st = os.statvfs(path)
+        return fs_usage(path)["used_mb"]
     except OSError:
         return None
-    return round((st.f_blocks - st.f_bfree) * st.f_frsize / 2**20, 1)
 
 
 def report(maxrss_kib: int) -> dict[str, object]:
-    """What the submission leaves when nbgrader is done, before the namespace goes: nbgrader's peak
-    memory (its kernel's included), what is still in ``/tmp`` and ``/dev/shm``, and every process
-    still running (it outlived its kernel and the grader's stop of the kernel's processes)."""
+    """What the submission leaves when nbgrader is done: nbgrader's peak memory (its kernel's
+    included), the use of ``/tmp`` and ``/dev/shm``, and every process still running."""
     left = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():

@@ -1,19 +1,11 @@
 """The reference run: a lab's source notebook, once per grading run, in a kernel that never ran a
-student's code. Its checks send the expected values; every submission of the lab is judged
-against them (:mod:`gpulab.course.verdicts`).
+student's code, on this run's seed. Its checks send the expected values: literals of the visible
+tests, and :func:`gpulab.grading.by_reference` values from gpulab's references (masked in the
+students' kernels). The solution's own values are judged against them too: a source notebook that
+fails its own tests stops the grading of its lab (:meth:`gpulab.course.judge.Expected.problems`).
 
-    python -m gpulab.course.reference --course notebooks --lab 00_setup --out expected.json \\
-        --seed 1234 --secret <hex> [--cell-timeout 300] [--threads 1]
-
-The expected values come from the same test code with the same seed: literals of the visible
-tests, and :func:`gpulab.grading.by_reference` values computed with gpulab's references, which
-are masked in the students' kernels (:mod:`gpulab.course.mask`). The solution's own values are
-judged against them too: a source notebook that fails its own tests stops the grading of its lab
-(:meth:`Expected.problems`) instead of grading a class against a wrong answer.
-
-The kernel runs in a child process of its own, with the same thread count and CPU set as a
-student's kernel, so the timed checks' reference figures are measured on the same share of the
-machine.
+The kernel runs in a child process with the thread count and CPU set of a student's kernel, so the
+timed checks' reference figures are measured on the same share of the machine.
 """
 
 from __future__ import annotations
@@ -27,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpulab.course.judge import Expected
 from gpulab.course.nbgrader_cli import nbgrader_env
-from gpulab.course.verdicts import Expected
 
 
 class ReferenceError(RuntimeError):
@@ -45,11 +37,8 @@ def kernel_env(seed: int, threads: int | None, mode: str = "reference") -> dict[
 
 def run_reference(course: Path, lab: str, work: Path, seed: int, secret: str, cell_timeout: int | None = None,
                   threads: int | None = None, timeout_s: float = 1800) -> Expected:
-    """Run the reference kernel of ``lab`` in ``work`` (a new folder) and return its expected values.
-
-    Raises:
-        ReferenceError: the run failed, or the source notebook fails its own tests.
-    """
+    """Run the reference kernel of ``lab`` in ``work`` and return its expected values (ReferenceError
+    when the run fails, or the source notebook fails its own tests)."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / "expected.json"
     cmd = [sys.executable, "-m", "gpulab.course.reference", "--course", str(course), "--lab", lab, "--out", str(out),

@@ -1,9 +1,5 @@
-"""Release the labs, hand students their copies, and validate their work.
-
-    python -m gpulab.course release --course notebooks [--lab 00_setup]
-    python -m gpulab.course copy-work --course notebooks --work work
-    python -m gpulab.course check --work work
-"""
+"""Release the labs, hand students their copies (``make lab``, ``copy-work``), and validate their work
+(``make check``)."""
 
 from __future__ import annotations
 
@@ -24,11 +20,8 @@ def _labs_or(course: Path, lab: str | None) -> list[str]:
 
 
 def release(course: str | Path, lab: str | None = None) -> list[str]:
-    """``nbgrader generate_assignment --force`` for each lab; returns the labs released.
-
-    Raises:
-        RuntimeError: with nbgrader's own output when a lab fails to generate.
-    """
+    """``nbgrader generate_assignment --force`` for each lab; returns the labs released (RuntimeError
+    with nbgrader's output when one fails)."""
     course = Path(course).resolve()
     done = []
     for name in _labs_or(course, lab):
@@ -41,13 +34,8 @@ def release(course: str | Path, lab: str | None = None) -> list[str]:
 
 
 def copy_work(course: str | Path, work: str | Path) -> tuple[list[Path], list[Path]]:
-    """Copy every released file into ``work/<lab>/`` **only where it does not exist yet**.
-
-    A student's edited notebook is never replaced, however new the release is.
-
-    Returns:
-        (copied, kept): the files written, and the existing files left alone.
-    """
+    """Copy every released file into ``work/<lab>/`` only where it does not exist yet (a student's
+    notebook is never replaced); returns (copied, kept)."""
     release_dir = Path(course) / "release"
     if not release_dir.is_dir():
         raise SystemExit(f"no {release_dir}: run `make release` first")

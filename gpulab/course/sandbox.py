@@ -1,27 +1,18 @@
-"""Autograde one submission with nbgrader's own ``autograde``, in an isolated copy of the course,
-under a wall-clock limit, a memory limit and a per-cell timeout.
+"""Grade one submission: nbgrader's own ``autograde``, in an isolated copy of the course, in the
+submission's namespaces and cgroup (:mod:`gpulab.course.isolation`), its kernel started through
+``setpriv`` and :mod:`gpulab.course.jail` and run by :class:`gpulab.course.execute.SandboxedExecute`.
 
-Why a copy: parallel ``nbgrader autograde`` processes writing one sqlite gradebook fail with
-"database is locked", and a student's notebook should not be able to touch the real course. Each
-submission gets a folder of its own::
+A copy, because parallel autogrades writing one sqlite gradebook fail with "database is locked",
+and a notebook must not touch the real course. :mod:`gpulab.course.gradebook` later merges the
+copy's scores into the real gradebook, one submission at a time::
 
     <root>/<lab>/<student>/
-        nbgrader_config.py    the course's config + the overrides below
-        gradebook.db          a snapshot of the real gradebook (taken once per run)
-        source/<lab>/         the lab's non-notebook files (no solutions)
-        submitted/<student>/<lab>/   the submission, checked and repaired (gpulab.course.integrity)
-        autograded/<student>/<lab>/  written by nbgrader; the kernel runs (and may write) here
-        tmp/                  the kernel's MPLCONFIGDIR, IPYTHONDIR, HOME, caches (and TMPDIR
-                              when the submission has no private /tmp)
-        writes.jsonl          writes the jail refused; nbgrader.log  nbgrader's output
-        namespace.json        what the submission left when nbgrader ended (gpulab.course.nsinit)
-
-nbgrader runs in the submission's namespaces and cgroup (:mod:`gpulab.course.isolation`); the
-kernel starts through its cgroup leaf, ``setpriv`` (a uid of its own) and
-:mod:`gpulab.course.jail` (memory rlimit, Landlock, audit hook), and runs under
-:class:`gpulab.course.execute.SandboxedExecute`. The scores stay in the copy's
-gradebook until :mod:`gpulab.course.gradebook` merges them, one submission at a time, into the
-real one, which stays nbgrader's source of truth (formgrader, ``nbgrader export``).
+        nbgrader_config.py, gradebook.db    the course's config + overrides; the run's snapshot
+        source/<lab>/                       the lab's non-notebook files
+        submitted/<student>/<lab>/          the submission, checked and repaired (integrity)
+        autograded/<student>/<lab>/         where the kernel runs and nbgrader writes
+        tmp/                                the kernel's HOME, caches, IPYTHONDIR, MPLCONFIGDIR
+        writes.jsonl, nbgrader.log, namespace.json   the jail's log, nbgrader's, what nsinit saw
 """
 
 from __future__ import annotations
@@ -37,12 +28,11 @@ import threading
 import time
 from pathlib import Path
 
-from gpulab.course import integrity, isolation, links, readguard, scan, students
+from gpulab.course import integrity, isolation, jail, links, students
 from gpulab.course import notes as notes_mod
 from gpulab.course.execute import FULL
 from gpulab.course.limits import LabRun, Limits, SandboxResult  # re-exported: callers import them from here
 from gpulab.course.nbgrader_cli import nbgrader_command, nbgrader_env
-from gpulab.course.processes import kill_marked, kill_tree
 
 _CONFIG_TAIL = """
 
@@ -113,14 +103,8 @@ class SandboxError(RuntimeError):
 
 
 def check_config(path: Path, jail_args: list[str], kernel_prefix: list[str] | None = None) -> None:
-    """Load the sandbox's config as nbgrader will, and check it swaps in the sandboxed kernel.
-
-    nbgrader logs an exception in ``nbgrader_config.py`` and then runs *without* the file, which
-    here would mean an unconfined kernel writing into the real course: fail closed instead.
-
-    Raises:
-        SandboxError: the config does not load, or does not set up the sandbox.
-    """
+    """Load the sandbox's config as nbgrader will, and raise :class:`SandboxError` unless it swaps in
+    the sandboxed kernel: nbgrader runs *without* a config that raises, i.e. with no sandbox."""
     from traitlets.config.loader import PyFileConfigLoader
 
     from gpulab.course.execute import SandboxedExecute
@@ -138,18 +122,9 @@ def check_config(path: Path, jail_args: list[str], kernel_prefix: list[str] | No
 def prepare(course: Path, template_db: Path, specs: dict[str, integrity.NotebookSpec], lab: str, student: str,
             box: Path, limits: Limits, sub: isolation.Submission | None = None,
             secrets: list[Path] | None = None, run: LabRun | None = None, real: str | None = None) -> list[str]:
-    """Build the isolated course for one submission; return integrity notes.
-
-    Args:
-        sub: the submission's OS isolation (its kernel's uid gets the kernel's folders).
-        secrets: what no kernel may read, beyond the course (:func:`readguard.repository_secrets`).
-        run: the lab's reference run and masks for this grading run.
-        real: the student's id in the course, when ``student`` is its alias (:mod:`gpulab.course.students`).
-
-    Raises:
-        integrity.UnreadableNotebook: a submitted notebook cannot be opened.
-        FileNotFoundError: none of the lab's notebooks was submitted (the message is the note).
-    """
+    """Build the isolated course for one submission (``real``: its id when ``student`` is an alias);
+    return the integrity notes. Raises UnreadableNotebook, or FileNotFoundError when none of the
+    lab's notebooks was submitted (the message is the note)."""
     box.mkdir(parents=True)
     shutil.copyfile(template_db, box / "gradebook.db")
     shutil.copytree(course / "source" / lab, box / "source" / lab,
@@ -187,7 +162,7 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
         if private_tmp:  # a checkout or venv under /tmp is bound back read-only (nsinit): say so when written to
             jail_args += [a for d in isolation.kept_under_tmp() for a in ("--no-write", d)]
     if limits.confine_reads:
-        unreadable = readguard.instructor_files(course, box, template_db) + list(secrets or [])
+        unreadable = jail.instructor_files(course, box, template_db) + list(secrets or [])
         for path in unreadable:
             jail_args += ["--no-read", str(path)]
         if sub is not None:  # where they lie in a checkout kept under /tmp, nsinit hides them too
@@ -215,13 +190,13 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
     notes += [f"{m}.ipynb is missing; it scores 0" for m in missing]
     for name in sorted(found & set(specs)):
         notes += integrity.repair_notebook(submitted / f"{name}.ipynb", specs[name])
-        notes += scan.scan_notes(integrity.read_notebook(submitted / f"{name}.ipynb"))
+        notes += integrity.scan_notes(integrity.read_notebook(submitted / f"{name}.ipynb"))
     return notes
 
 
 def _hand_over(box: Path, student: str, sub: isolation.Submission) -> None:
-    """File permissions for a kernel under a uid of its own: it may pass through the grading copy
-    to its folders (``--x``), own its temp folder and audit log, and read nothing else there."""
+    """For a kernel under a uid of its own: pass through the grading copy to its folders (``--x``),
+    own its temp folder, read nothing else there."""
     for d in (box.parent.parent, box.parent, box, box / "autograded", box / "autograded" / student):
         d.chmod(0o711)
     for path in (box / "gradebook.db", box / "submitted", box / "source", box / "expected.json"):
@@ -229,18 +204,15 @@ def _hand_over(box: Path, student: str, sub: isolation.Submission) -> None:
     sub.give(box / "tmp")  # the kernel's own folder is handed over by nbgrader's side
 
 
-# What of the grader's environment reaches nbgrader and the kernel: nothing else (tokens, cloud
-# credentials, whatever the instructor exported stay out). Locale and the GPU share are kept;
-# paths, caches and the thread counts are set below.
+# The only variables of the grader's environment nbgrader and the kernel get (tokens, credentials stay out).
 ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_MESSAGES", "TZ", "TERM",
                "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "PYTHONPATH", "VIRTUAL_ENV",
                "KINETO_LOG_LEVEL")
 
 
 def _env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None = None) -> dict[str, str]:
-    """nbgrader's (and so the kernel's) environment, from an allow-list (:data:`ENV_ALLOWED`): every
-    cache and ``HOME`` in the grading copy; ``TMPDIR`` is the private tmpfs ``/tmp`` when the
-    submission has a mount namespace, else ``box/tmp``."""
+    """nbgrader's and the kernel's environment: :data:`ENV_ALLOWED`, and every cache and ``HOME`` in
+    the grading copy (``TMPDIR``: the private ``/tmp``, else ``box/tmp``)."""
     tmp = box / "tmp"
     extra = {"GPULAB_SANDBOX": str(box), "HOME": str(tmp / "home"), "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp" if private_tmp else str(tmp),
              "MPLCONFIGDIR": str(tmp / "matplotlib"),
@@ -267,12 +239,8 @@ def _env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None 
 def run_autograde(box: Path, lab: str, student: str, limits: Limits,
                   cancel: threading.Event | None = None,
                   sub: isolation.Submission | None = None, seed: int | None = None) -> tuple[int | None, bool]:
-    """``nbgrader autograde`` in ``box`` under the wall-clock limit, in the submission's namespaces
-    and cgroup when ``sub`` gives them; every process of the submission is gone when it returns.
-
-    Returns:
-        (exit status or None when killed, whether the wall-clock limit was hit).
-    """
+    """``nbgrader autograde`` in ``box`` under the wall-clock limit, in ``sub``'s namespaces and cgroup;
+    every process of the submission is gone on return. (exit status or None if killed, timed out)"""
     private_tmp = sub is not None and sub.plan.namespaces
     cmd = nbgrader_command() + ["autograde", lab, f"--student={student}", "--force"]
     if limits.confine_writes:
@@ -294,14 +262,14 @@ def run_autograde(box: Path, lab: str, student: str, limits: Limits,
                     return proc.wait(timeout=0.5), False
                 except subprocess.TimeoutExpired:
                     if time.monotonic() - t0 > limits.wall_s or (cancel is not None and cancel.is_set()):
-                        kill_tree(proc.pid)
+                        isolation.kill_tree(proc.pid)
                         proc.wait()
                         return None, time.monotonic() - t0 > limits.wall_s
         finally:
             if sub is not None:
                 sub.finish()
             if sub is None or not (sub.plan.namespaces or sub.group is not None):
-                kill_marked(str(box))  # no PID namespace, no cgroup: the environment marker is all there is
+                isolation.kill_marked(str(box))  # no PID namespace, no cgroup: the environment marker is all there is
 
 
 def read_scores(result: SandboxResult, db_url: str, student: str | None = None) -> None:
@@ -325,12 +293,8 @@ def grade_in_sandbox(course: Path, template_db: Path, specs: dict[str, integrity
                      plan: isolation.Plan | None = None, secrets: list[Path] | None = None,
                      run: LabRun | None = None) -> SandboxResult:
     """Grade one submission in ``box`` (a new folder); never raises for anything the student did.
-
-    Args:
-        plan: the OS isolation this machine gives (:func:`isolation.detect`); None: none.
-        secrets: paths beyond the course that no kernel may read (:func:`readguard.repository_secrets`).
-        run: the lab's reference run and masks (None: nothing to judge against; every test fails).
-    """
+    ``plan``: this machine's isolation (None: none); ``secrets``: :func:`jail.repository_secrets`;
+    ``run``: the lab's reference run and masks (None: every test fails)."""
     t0 = time.perf_counter()
     result = SandboxResult(student, lab, log=box / "nbgrader.log")
     real, student = student, students.alias(student)  # nbgrader sees only the alias
@@ -418,8 +382,8 @@ def grade_safely(course: Path, template: Path, specs: dict, lab: str, student: s
 
 
 def grading_root(private_tmp: bool) -> Path:
-    """A new folder for the run's grading copies. Not under ``/tmp`` when each submission gets a
-    private ``/tmp`` (it would hide the copies from nbgrader): ``/var/tmp`` then."""
+    """A new folder for the run's grading copies (``/var/tmp`` when each submission's private ``/tmp``
+    would hide it)."""
     parent = Path(tempfile.gettempdir())
     if private_tmp and parent.resolve().is_relative_to("/tmp"):
         parent = Path("/var/tmp")

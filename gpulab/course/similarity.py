@@ -1,22 +1,13 @@
 """Copies a human should look at: answer cells close to gpulab's reference, to the course's solution,
 or to a classmate's, by winnowing (as MOSS does; the ``copydetect`` package).
 
-A submission that calls gpulab's reference fails (it is masked while grading); one that pastes the
-reference, or the course's solution, or a classmate's answer, produces correct evidence, and no
-verdict can tell. So after a lab is graded, every answer cell (a code cell the student writes in,
-``solution`` in nbgrader's metadata) is fingerprinted, with names and comments filtered out and
-the release copy's scaffolding (the stub, its signature and docstring) as boilerplate, and
-compared with:
-
-- the source of each reference of the lab (``REFERENCES``) and the same cell of the source
-  notebook (the course's solution);
-- the same cell of every classmate's submission.
-
-A pair is noted in both rows of ``grades.csv`` when the overlap is long enough to mean something
-(:data:`MIN_OVERLAP` characters after filtering) and covers most of the student's cell
-(:data:`THRESHOLD`). A note is not a verdict: short cells are written alike by honest students, and
-a determined student can rewrite code past any fingerprint. The threat model says what is left to
-a human.
+Calling a masked reference fails, but pasting it (or the solution, or a classmate's answer) gives
+correct evidence, which no verdict can tell. So after a lab is graded, every answer cell is
+fingerprinted (names and comments filtered out, the release copy's scaffolding as boilerplate) and
+compared with each reference of the lab, the same cell of the source notebook, and the same cell
+of every classmate's submission. A pair long enough (:data:`MIN_OVERLAP`) and covering most of the
+cell (:data:`THRESHOLD`) is noted in both rows. A note is not a verdict: short cells are written
+alike by honest students, and code can be rewritten past any fingerprint.
 """
 
 from __future__ import annotations
@@ -56,8 +47,7 @@ class Match:
 
 
 def notes(matches: list[Match], named: int = 3) -> list[str]:
-    """One note per match, except that a cell found in several classmates' answers gets one note
-    naming the first ``named`` of them and counting the rest (a shared answer among 30 is one line)."""
+    """One note per match; a cell found in more than ``named`` classmates' answers gets one note."""
     out, classmates = [], {}
     for m in matches:
         if m.other.startswith("student "):
@@ -123,14 +113,8 @@ def reference_sources(references: Iterable[Any]) -> dict[str, str]:
 
 def find_copies(submissions: dict[str, dict[str, str]], release: dict[str, str], solution: dict[str, str],
                 references: dict[str, str]) -> dict[str, list[Match]]:
-    """For each student, the answer cells found in a reference, the solution or a classmate's.
-
-    Args:
-        submissions: student -> their answer cells (:func:`answer_cells`).
-        release: the release copy's cells (scaffolding every student starts from).
-        solution: the source notebook's cells.
-        references: :func:`reference_sources`.
-    """
+    """For each student (``submissions``: student -> :func:`answer_cells`), the answer cells found in a
+    reference, the ``solution`` or a classmate's, the ``release`` copy's cells being boilerplate."""
     found: dict[str, list[Match]] = {s: [] for s in submissions}
     cells = sorted({c for cells in submissions.values() for c in cells})
     for cell in cells:

@@ -1,14 +1,9 @@
 """Student ids as they come (an LMS export, the exchange), made safe where the grader uses them.
 
-An id is a folder name under ``submitted/``, and nbgrader reads it as a command-line value and a
-glob pattern: an id that starts with ``-`` is taken for an option, one with ``*`` or ``[`` matches
-other students' folders, and a newline breaks a log line. A spreadsheet reads a cell that starts
-with ``=``, ``+``, ``-`` or ``@`` as a formula. So the grader never passes an id to nbgrader as it
-is: each submission is graded inside its grading copy under :func:`alias` (the id itself when it is
-plain, else a name derived from it). In nbgrader's own folders and gradebook (``autograded/``,
-``feedback/``, the formgrader, ``nbgrader export``) such a student is the alias, which its tools can
-read; ``grades.csv`` has the id as the student wrote it, with a note naming the alias, and escapes
-formula prefixes (:func:`csv_cell`).
+nbgrader reads an id as a command-line value and a glob pattern (``-rf``, ``star*``), a newline
+breaks a log line, and a spreadsheet runs a cell that starts with ``=``, ``+``, ``-`` or ``@``. So
+each submission is graded under :func:`alias` (the id itself when plain), which is what nbgrader's
+folders and gradebook hold; ``grades.csv`` has the id as written, formula prefixes escaped.
 """
 
 from __future__ import annotations

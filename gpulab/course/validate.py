@@ -1,15 +1,10 @@
-"""``make check``'s verdict on one notebook: nbgrader's own validation result, not a word search,
-with the same configuration as the Validate button in ``make lab``'s JupyterLab (its
-``nbgrader_config.py`` on ``JUPYTER_CONFIG_PATH``: :mod:`gpulab.course.execution`'s limits).
+"""``make check``'s verdict on one notebook: nbgrader's own validation result, with the configuration
+of the Validate button in ``make lab``'s JupyterLab (:mod:`gpulab.course.execution`'s limits).
 
-    python -m gpulab.course.validate work/00_setup/00_setup.ipynb    # prints one JSON line
-
-nbgrader's ``validate`` command prints its result for a person to read and exits 0 either way, and
-its log lines can hold words such as ``ValueError(...)`` (a warning about a cell's output) on a
-notebook that passes. So the check runs nbgrader's ``Validator`` exactly as JupyterLab's Validate
-button does (the same configuration search: the notebook's folder, then Jupyter's config path) in a
-child process, and reads the result it returns: the cells that failed, changed, or changed type.
-A child process, because validation runs a kernel and nbgrader's configuration is global state.
+``nbgrader validate`` prints for a person and exits 0 either way, and its log can hold words such
+as ``ValueError`` on a notebook that passes. So nbgrader's ``Validator`` runs as the button runs it
+(the notebook's folder, then Jupyter's config path), in a child process (it runs a kernel, and
+nbgrader's configuration is global state), which prints its result as one JSON line.
 """
 
 from __future__ import annotations
@@ -30,15 +25,8 @@ _MARK = "gpulab-validate-result: "
 
 @dataclass
 class Validation:
-    """nbgrader's result for one notebook.
-
-    Attributes:
-        notebook: the notebook validated.
-        failed: ``(first line of the cell, nbgrader's error text)`` for each test cell that failed.
-        changed: first lines of test cells whose source differs from the release (checksum).
-        type_changed: first lines of cells whose type was changed (code <-> markdown).
-        error: why no result came back (nbgrader crashed, timed out); empty when one did.
-    """
+    """nbgrader's result for one notebook: ``(first line, error)`` of each failed test cell, the first
+    lines of edited test cells and of cells whose type changed, or why no result came back."""
 
     notebook: Path
     failed: list[tuple[str, str]] = field(default_factory=list)
@@ -74,15 +62,8 @@ def _first_line(source: str) -> str:
 
 
 def validate(notebook: str | Path, timeout: float | None = 1800) -> Validation:
-    """Validate one notebook with nbgrader in a child process and return its result.
-
-    Args:
-        notebook: the student's notebook.
-        timeout: seconds for the whole run (a notebook that loops forever must not hang ``make check``).
-
-    Returns:
-        The :class:`Validation`; ``error`` is set instead of raising when nbgrader gave no result.
-    """
+    """Validate one notebook with nbgrader in a child process, within ``timeout`` seconds (``error`` is
+    set, not raised, when no result came back)."""
     notebook = Path(notebook).resolve()
     result = Validation(notebook)
     # the execution limits of the student's JupyterLab (which make lab writes the same way)

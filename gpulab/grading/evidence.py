@@ -13,7 +13,7 @@ A test cell runs in one of three modes, set by the process that started the kern
   itself (kind, tolerances, bounds, the message texts).
 
 The grader pairs the two streams cell by cell, in order, and decides in its own process
-(:mod:`gpulab.grading.judge`, :mod:`gpulab.course.verdicts`). Both kernels draw their inputs from
+(:mod:`gpulab.grading.judge`, :mod:`gpulab.course.judge`). Both kernels draw their inputs from
 the same :func:`seed`, fresh for every ``make grade`` and never written in the notebook.
 
 A record crosses as one ``display_data`` message of type :data:`MIME` holding JSON: numbers,

@@ -1,6 +1,6 @@
 """Decide a check from data: the student's value against the reference's, outside any kernel.
 
-The grader (:mod:`gpulab.course.verdicts`) calls :func:`verdict` in its own process with what two
+The grader (:mod:`gpulab.course.judge`) calls :func:`verdict` in its own process with what two
 kernels sent (:mod:`gpulab.grading.evidence`): the student's value, and from the reference kernel
 the check itself and the expected value. Interactive checks call the same function in the
 student's kernel, so a message reads the same in Validate and in the feedback.

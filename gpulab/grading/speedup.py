@@ -11,7 +11,7 @@ one unit of the student's faster version and one of the baseline, on inputs draw
 - **Under the grader** nothing is timed in the student's kernel. The cell only registers the two
   workloads; after the cell, the grader sends one request per run, interleaved, each with a seed
   it reveals only in that request, and times the round trip with its own clock
-  (:mod:`gpulab.course.timing`). Every run's result is compared with the reference kernel's
+  (:mod:`gpulab.course.judge`). Every run's result is compared with the reference kernel's
   result for the same seed (work skipped or faked fails), a run faster than ``floor_s`` is
   impossible and fails, and the student's baseline counts at most ``band`` x the reference
   kernel's baseline (a baseline slowed on purpose gains nothing past that). The reference kernel's

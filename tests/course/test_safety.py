@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from gpulab.course import feedback as fb
-from gpulab.course import links, scan
+from gpulab.course import integrity, links
 from gpulab.course.jail import landlock_abi
 from gpulab.course.notes import read_write_log, write_notes
 
@@ -80,16 +80,16 @@ def test_copy_notebooks_copies_back_only_regular_notebooks(hostile, tmp_path: Pa
 
 
 def test_scan_flags_what_only_tampering_needs_and_not_the_labs() -> None:
-    assert scan.scan_source("get_ipython().events.register('post_run_cell', f)") == ["IPython events"]
-    assert scan.scan_source("import builtins\nbuiltins.isinstance = lambda *a: True") == ["writes to builtins"]
-    assert scan.scan_source("torch.testing.assert_close = f") == ["attribute assignment on gpulab/torch modules"]
-    assert scan.scan_source("sys.modules['gpulab.grading'] = fake") == ["writes to sys.modules"]
-    assert scan.scan_source("import fcntl; fcntl.ioctl(0, termios.TIOCSTI, c)") == ["ioctl"]
-    assert scan.scan_source("torch.backends.cudnn.benchmark = True\nx = torch.ones(2)\nif a == b: pass") == []
+    assert integrity.scan_source("get_ipython().events.register('post_run_cell', f)") == ["IPython events"]
+    assert integrity.scan_source("import builtins\nbuiltins.isinstance = lambda *a: True") == ["writes to builtins"]
+    assert integrity.scan_source("torch.testing.assert_close = f") == ["attribute assignment on gpulab/torch modules"]
+    assert integrity.scan_source("sys.modules['gpulab.grading'] = fake") == ["writes to sys.modules"]
+    assert integrity.scan_source("import fcntl; fcntl.ioctl(0, termios.TIOCSTI, c)") == ["ioctl"]
+    assert integrity.scan_source("torch.backends.cudnn.benchmark = True\nx = torch.ones(2)\nif a == b: pass") == []
     root = Path(__file__).resolve().parents[1] / "notebooks" / "source"
     for path in sorted(root.glob("*/*.ipynb")):  # the labs' own solutions need none of it
         nb = nbformat.read(str(path), as_version=4)
-        assert scan.scan_notes(nb) == [], path.name
+        assert integrity.scan_notes(nb) == [], path.name
 
 
 def _jail(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
