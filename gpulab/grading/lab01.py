@@ -10,6 +10,7 @@ computed only in the reference kernel (``grading.by_reference``).
 from __future__ import annotations
 
 import json
+import os
 import random
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -18,11 +19,12 @@ import torch
 
 from gpulab.accel import spin
 from gpulab.profiling.bottleneck import busy_fraction, classify, classify_profile, sm_activity
+from gpulab.profiling.phases import DATA, STEP, Stopwatch, profile_phases, trace_shares
 from gpulab.profiling.torch_trace import label_shares, profile_training, top_ops
 
 __all__ = ["REFERENCES", "outcome", "outcomes", "interval_cases", "kernel_cases", "profile_cases", "key_averages_table",
            "key_averages_cases", "loop_c_batches", "run_loop_c", "loop_c_reference", "LOOP_C_DEVICE_S",
-           "annotations", "seeded_training", "train_plain"]
+           "annotations", "seeded_training", "train_plain", "phases_case", "phases_run", "plain_loop"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
 # (gpulab.course.mask). profile_loop's LoopProfile survives the busy fraction and the classification
@@ -30,7 +32,8 @@ __all__ = ["REFERENCES", "outcome", "outcomes", "interval_cases", "kernel_cases"
 # them; a profile_training that calls them shows their gpulab/... ranges in its trace, which the test
 # compares with the reference's), and DeviceValue.item / __repr__ (methods cannot be masked; the sync
 # exercise is timed by the grader instead).
-REFERENCES: tuple = (busy_fraction, sm_activity, classify, classify_profile, top_ops, label_shares, profile_training)
+REFERENCES: tuple = (busy_fraction, sm_activity, classify, classify_profile, top_ops, label_shares, profile_training,
+                     profile_phases)
 
 
 def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -243,3 +246,65 @@ def train_plain(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs
         optimizer.step()
         optimizer.zero_grad()
     return [p.detach().cpu() for p in model.parameters()]
+
+
+# --- exercise 7: torch.profiler on your own loop -------------------------------------------------
+
+def phases_case(rng: random.Random) -> dict[str, Any]:
+    """The loop the hidden test profiles: ``active`` recorded steps, a batch size and a CPU cost per
+    sample (the loop is data-bound at the largest costs, step-bound at the smallest)."""
+    return {"active": rng.randint(3, 5), "batch_size": rng.choice([8, 12, 16]),
+            "sample_cost_s": rng.choice([0.0005, 0.001, 0.002, 0.003]), "lr": rng.choice([0.01, 0.05, 0.1])}
+
+
+def _loop_parts(seed: int, case: dict[str, Any]) -> tuple[Any, Callable[[Any], Any], torch.nn.Module]:
+    """A seeded loader of ``2 + active`` batches and a SmallCNN training step on the host."""
+    from gpulab.models import SmallCNN
+    from gpulab.profiling.workloads import BusyDataset
+
+    n = (2 + case["active"]) * case["batch_size"]
+    loader = torch.utils.data.DataLoader(BusyDataset(n, case["sample_cost_s"], seed=int(seed) % 2**31),
+                                         batch_size=case["batch_size"])
+    torch.manual_seed(int(seed))
+    model = SmallCNN(num_classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=case["lr"])
+
+    def train_step(batch: Any) -> Any:
+        images, labels = batch  # uint8 (B, 3, 32, 32)
+        loss = torch.nn.functional.cross_entropy(model(images.float() / 255), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    return loader, train_step, model
+
+
+def phases_run(profile_fn: Callable[..., Any], seed: int, case: dict[str, Any], trace_path: str) -> dict[str, Any]:
+    """Run ``profile_fn(loader, train_step, trace_path, active=...)`` on :func:`phases_case`'s loop,
+    with gpulab's :class:`~gpulab.profiling.phases.Stopwatch` around the loader and the step.
+
+    Returns:
+        ``ranges`` (:func:`annotations` of the trace), ``profiler`` (the ``data`` and ``step``
+        ranges' shares of the recorded steps, read from the trace), ``stopwatch`` (the same shares
+        timed by the stopwatch over the same steps), ``batches`` (how many the loop fetched) and
+        ``params`` (the model's parameters afterwards).
+    """
+    if os.path.exists(trace_path):
+        os.remove(trace_path)
+    loader, train_step, model = _loop_parts(seed, case)
+    watch = Stopwatch()
+    profile_fn(watch.loader(loader), watch.step(train_step), trace_path, active=case["active"])
+    out: dict[str, Any] = {"batches": len(watch.data_s), "ranges": annotations(trace_path)}
+    out["profiler"] = trace_shares(trace_path, [DATA, STEP])
+    out["stopwatch"] = watch.shares(skip=2)
+    out["params"] = [p.detach().clone() for p in model.parameters()]
+    return out
+
+
+def plain_loop(seed: int, case: dict[str, Any]) -> list[torch.Tensor]:
+    """The parameters after the same loop run without a profiler."""
+    loader, train_step, model = _loop_parts(seed, case)
+    for batch in loader:
+        train_step(batch)
+    return [p.detach().clone() for p in model.parameters()]

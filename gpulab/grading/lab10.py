@@ -9,9 +9,10 @@ replay the student's answers without Ray where they can:
 
 - ``successive_halving(rungs, reduction_factor)``: :func:`promotions` on :func:`random_rungs`, and
   :func:`replays` (gpulab's ``replay_halving`` with the student's rule) on :func:`random_searches`;
-- ``make_asha(max_t)``: :func:`asha_settings`, and :func:`asha_run`, which feeds the scheduler the
-  results of a simulated asynchronous search (:func:`random_asha_searches`: learning curves, epoch
-  times, workers) as Tune's controller would, and records its decisions;
+- ``MyASHA(max_t, grace_period, reduction_factor)``, the asynchronous scheduler: :func:`scheduler_runs`
+  on :func:`random_streams` (decisions on result streams, compared one by one with gpulab's
+  ``PromotionASHA``), and :func:`tune_comparison` (a real Tune search), from
+  :mod:`gpulab.grading.lab10_asha`;
 - ``packed_resources(trials_per_device, num_cpus, num_gpus)``: :func:`packed_requests` on
   :func:`random_machines`, and :func:`packed_probe`, one unit of timed work for the grader's
   ``check_speedup``: Ray tasks that wait for their data, each asking for the student's resources.
@@ -20,24 +21,26 @@ replay the student's answers without Ray where they can:
 from __future__ import annotations
 
 import copy
-import heapq
 import math
 import random
 import time
 from typing import Any, Callable
 
+from gpulab.grading.lab10_asha import comparison_case, random_streams, scheduler_runs, tune_comparison
+from gpulab.hpo.asha import PromotionASHA, promoted
 from gpulab.hpo.halving import replay_halving, rung_milestones, successive_halving
 from gpulab.hpo.packing import packed_resources
 from gpulab.hpo.resources import one_per_device, packing_factor
 
 __all__ = ["REFERENCES", "HAND_WORKED", "random_rungs", "promotions", "random_searches", "replays",
-           "random_asha_searches", "asha_settings", "asha_settings_of", "asha_run", "asha_runs", "random_machines", "packed_requests",
+           "lab_curves", "random_streams", "scheduler_runs", "comparison_case", "tune_comparison", "random_machines", "packed_requests",
            "probe_machine", "one_per_device", "packed_probe", "warm_probe", "PROBE_WAIT_S"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask). make_asha has none (it is one call of Tune's ASHAScheduler); replay_halving,
-# asha_continues and rung_milestones are the lab's tools, which the demos use, not answers.
-REFERENCES: tuple = (successive_halving, packed_resources)
+# (gpulab.course.mask): the synchronous rule, the asynchronous scheduler and its test, and the packed
+# request. replay_halving, asha_continues and rung_milestones are the lab's tools, which the demos
+# use, not answers; Tune's own ASHAScheduler is refused by counting its calls (lab10_asha).
+REFERENCES: tuple = (successive_halving, PromotionASHA, promoted, packed_resources)
 
 # (rungs, reduction_factor, promotions), worked by hand in the lab's text (tests/hpo checks gpulab's
 # reference on them; the hidden tests use only their rungs, and take the expected values by_reference)
@@ -108,6 +111,11 @@ def _curves(rng: random.Random, n: int, epochs: int) -> dict[str, list[float]]:
     return curves
 
 
+def lab_curves(seed: int = 0) -> dict[str, list[float]]:
+    """12 learning curves of 9 epochs, like the lab's random search (the same in every run)."""
+    return _curves(random.Random(seed), 12, 9)
+
+
 def random_searches(rng: random.Random, n: int) -> dict[str, dict[str, Any]]:
     """Search name -> ``{"curves", "milestones", "reduction_factor"}``: finished random searches
     (5 to 30 trials) and a rung ladder to replay on them."""
@@ -133,103 +141,7 @@ def replays(rule: Callable[..., Any], searches: dict[str, dict[str, Any]]) -> di
     return {name: _call(one, s) for name, s in searches.items()}
 
 
-# ---- exercise 2: ASHA on Tune ------------------------------------------------------------------
-
-def random_asha_searches(rng: random.Random, n: int) -> dict[str, dict[str, Any]]:
-    """Search name -> ``{"max_t", "curves", "epoch_s", "workers"}``: what an asynchronous search
-    would report (learning curves of ``max_t`` epochs, each trial's seconds per epoch, workers)."""
-    out = {}
-    for i in range(n):
-        max_t = rng.choice([9, 12, 27]) if i else 9
-        trials = rng.randint(9, 24)
-        curves = _curves(rng, trials, max_t)
-        out[f"search {i + 1}: {trials} trials, {max_t} epochs"] = {
-            "max_t": max_t, "curves": curves, "workers": rng.randint(1, 4),
-            "epoch_s": {t: round(rng.uniform(0.5, 2.0), 3) for t in curves}}
-    return out
-
-
-def asha_settings(scheduler: Any) -> dict[str, Any]:
-    """What a Tune ASHA scheduler was built with: its class, ``time_attr``, ``max_t``, milestones
-    (``grace_period x reduction_factor^k``), and whether it takes metric and mode from the TuneConfig."""
-    brackets = getattr(scheduler, "_brackets", None) or [None]
-    rungs = getattr(brackets[0], "_rungs", None)
-    return {"class": type(scheduler).__name__,
-            "time_attr": getattr(scheduler, "_time_attr", None),
-            "max_t": getattr(scheduler, "_max_t", None),
-            "milestones": sorted(m for m, _ in rungs) if rungs is not None else None,
-            "brackets": len(getattr(scheduler, "_brackets", None) or []),
-            "metric and mode left to the TuneConfig": getattr(scheduler, "_metric", None) is None
-                                                      and getattr(scheduler, "_mode", None) is None}
-
-
-class _Trial:
-    """What a scheduler reads of a Tune trial here: its id."""
-
-    def __init__(self, trial_id: str) -> None:
-        self.trial_id = trial_id
-
-    def __repr__(self) -> str:
-        return f"Trial({self.trial_id})"
-
-
-def asha_runs(make: Callable[[int], Any], searches: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Search name -> :func:`asha_run` of a fresh ``make(max_t)`` on it (an exception as the value)."""
-    return {name: _call(lambda s=s: asha_run(make(s["max_t"]), s)) for name, s in searches.items()}
-
-
-def asha_settings_of(make: Callable[[int], Any], searches: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``make_asha(max_t)`` -> :func:`asha_settings` of a fresh ``make(max_t)``, for each search's ``max_t``."""
-    return {f"make_asha({s['max_t']})": _call(lambda s=s: asha_settings(make(s["max_t"]))) for s in searches.values()}
-
-
-def asha_run(scheduler: Any, search: dict[str, Any], metric: str = "accuracy") -> dict[str, Any]:
-    """Run ``scheduler`` on a simulated asynchronous search, as Tune's controller calls it.
-
-    ``search["workers"]`` trials run at once; a trial reports ``curve[e - 1]`` after epoch ``e``
-    (``epoch_s`` seconds apart); the scheduler's decision (``CONTINUE`` or ``STOP``) is recorded,
-    a stopped or finished trial frees its worker for the next trial, as Tune does.
-
-    Returns:
-        ``{"decisions": {trial: [decision per epoch, "end" at the last one]}, "trial_epochs": int,
-        "best_accuracy": float}``.
-    """
-    curves, epoch_s = search["curves"], search["epoch_s"]
-    scheduler.set_search_properties(metric, "max")  # what Tune does with TuneConfig(metric=..., mode=...)
-    pending, events, seq = list(curves), [], 0
-    trials = {t: _Trial(t) for t in curves}
-    decisions: dict[str, list[str]] = {t: [] for t in curves}
-    started: dict[str, float] = {}
-    epochs = best = 0
-
-    def start(trial: str, now: float) -> None:
-        nonlocal seq
-        scheduler.on_trial_add(None, trials[trial])
-        started[trial] = now
-        heapq.heappush(events, (now + epoch_s[trial], seq, trial, 1))
-        seq += 1
-
-    for _ in range(search["workers"]):
-        if pending:
-            start(pending.pop(0), 0.0)
-    while events:
-        now, _, trial, epoch = heapq.heappop(events)
-        value = curves[trial][epoch - 1]
-        epochs, best = epochs + 1, max(best, value)
-        result = {"training_iteration": epoch, "epoch": epoch, metric: value, "trial_id": trial,
-                  "time_total_s": round(now - started[trial], 6)}
-        decision = str(scheduler.on_trial_result(None, trials[trial], result))
-        last = epoch == len(curves[trial])
-        decisions[trial].append("end" if last else decision)
-        if last or decision == "STOP":
-            scheduler.on_trial_complete(None, trials[trial], result)
-            if pending:
-                start(pending.pop(0), now)
-        else:
-            heapq.heappush(events, (now + epoch_s[trial], seq, trial, epoch + 1))
-            seq += 1
-    return {"decisions": decisions, "trial_epochs": epochs, "best_accuracy": best}
-
+# ---- exercise 2: the asynchronous scheduler (gpulab.grading.lab10_asha) -------------------------
 
 # ---- exercise 3: packing -----------------------------------------------------------------------
 
@@ -305,9 +217,10 @@ def packed_probe(resources: dict[str, float], seed: int, *, wait_s: float = PROB
     return ray.get([task.remote(seed, i, wait_s) for i in range(n)])
 
 
-def warm_probe(resources: dict[str, float], *, budget_s: float = 8.0, wait_s: float = PROBE_WAIT_S) -> float:
+def warm_probe(resources: dict[str, float], *, budget_s: float = 30.0, wait_s: float = PROBE_WAIT_S) -> float:
     """Run :func:`packed_probe` until Ray has started the worker processes it needs (a run within
-    1.3 x its 2 rounds of waiting) or ``budget_s`` has passed; returns the last run's seconds."""
+    1.3 x its 2 rounds of waiting) or ``budget_s`` has passed; returns the last run's seconds.
+    After a Tune search Ray starts them anew, which took 8.7 s on the kit's loaded 2-core VM."""
     t_end = time.perf_counter() + budget_s
     took = math.inf
     while time.perf_counter() < t_end:

@@ -6,6 +6,9 @@
   reporting accuracy and a checkpoint each epoch (:func:`train_classifier`).
 - :mod:`gpulab.hpo.halving`: successive halving, the promotion rule inside ASHA, written out
   (:func:`successive_halving`), and a replay of it on finished learning curves.
+- :mod:`gpulab.hpo.asha`: ASHA as an asynchronous Tune scheduler that promotes a trial when its
+  result arrives (:class:`~gpulab.hpo.asha.PromotionASHA`; imports Ray, so it is not imported here),
+  and :mod:`gpulab.hpo.replay`: any Tune scheduler replayed on finished curves, arrivals simulated.
 - :mod:`gpulab.hpo.packing`: fractional resources that pack several trials onto one device.
 - :mod:`gpulab.hpo.resources`: the request each search of the lab gives Ray (one GPU per trial
   on a GPU machine, a share when packed), and a check of the GPUs each trial really saw.
@@ -19,6 +22,7 @@ Importing this package does not import Ray; the session and the trainable import
 
 from gpulab.hpo.halving import HalvingReplay, asha_continues, replay_halving, rung_milestones, successive_halving
 from gpulab.hpo.packing import packed_resources
+from gpulab.hpo.replay import replay_scheduler
 from gpulab.hpo.resources import (
     SEARCHES,
     check_trial_devices,
@@ -43,4 +47,4 @@ __all__ = ["ray_session", "RaySession", "ray_processes", "train_classifier", "ru
            "TrialCrash", "successive_halving", "asha_continues", "replay_halving", "rung_milestones", "HalvingReplay",
            "learning_curves", "trial_epochs", "trial_configs", "trial_errors", "best_so_far", "summarize",
            "SearchSummary", "packed_resources", "search_resources", "one_per_device", "packing_factor", "SEARCHES",
-           "visible_devices", "check_trial_devices"]
+           "visible_devices", "check_trial_devices", "replay_scheduler"]

@@ -12,10 +12,11 @@ budget goes to the promising ones.
   1810.05934). Its ``get_job`` asks, from the top rung down, whether some trial of rung ``k``
   is among the best ``floor(n_k / reduction_factor)`` of that rung and not promoted yet; if so
   it is promoted, otherwise a new trial starts in the bottom rung. No rung waits for the rung
-  to fill, so workers never idle. :func:`successive_halving` is that test, for every rung.
-- Ray Tune's ``ASHAScheduler`` applies the same idea as a *stopping* rule: when a trial reaches a
-  milestone, it continues only if its metric is at least the ``1 - 1 / reduction_factor``
-  quantile of what that milestone has recorded so far (see :func:`asha_continues`).
+  to fill, so workers never idle. :func:`successive_halving` is that test, for every rung, on a
+  table; :mod:`gpulab.hpo.asha` decides as each result arrives, as a Tune scheduler.
+- Ray Tune's ``ASHAScheduler`` is a *stopping* rule instead: when a trial reaches a milestone, it
+  continues only if its metric is at least the ``1 - 1 / reduction_factor`` quantile (linearly
+  interpolated) of the results that milestone recorded *before* it (see :func:`asha_continues`).
 
 Example (higher is better)::
 

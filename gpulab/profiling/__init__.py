@@ -7,6 +7,8 @@
 - :mod:`~gpulab.profiling.workloads`: the demo loop the command line profiles.
 - :mod:`~gpulab.profiling.torch_trace`: :class:`TorchTrace`, the same loop recorded by torch.profiler
   (``profile_loop(..., trace=TorchTrace("loop.json"))``), and readers of its ``key_averages()``.
+- :mod:`~gpulab.profiling.phases`: torch.profiler on one's own loop, with ranges of its own, and a
+  :class:`~gpulab.profiling.phases.Stopwatch` that times the same run without any profiler range.
 """
 
 from gpulab.profiling.loop import profile_loop

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from gpulab.grading import judge, lab10
+from gpulab.grading import judge, lab10, lab10_asha
 from gpulab.grading.evidence import encode
 
 ray = pytest.importorskip("ray")
@@ -35,13 +35,8 @@ def _rule(rungs, reduction_factor):
     return out
 
 
-def _asha(max_t, **kw):
-    return ASHAScheduler(**{"time_attr": "training_iteration", "max_t": max_t, "grace_period": 1,
-                            "reduction_factor": 3, **kw})
-
-
 def test_references_are_the_exercises() -> None:
-    assert lab10.REFERENCES == (lab10.successive_halving, lab10.packed_resources)
+    assert lab10.REFERENCES == (lab10.successive_halving, lab10.PromotionASHA, lab10.promoted, lab10.packed_resources)
 
 
 def test_hand_worked_cases_hold() -> None:
@@ -95,28 +90,58 @@ def test_replays_right_and_wrong() -> None:
     assert _verdict("equal", lab10.replays(everyone, searches), want) is not None
 
 
-def test_asha_settings_and_decisions() -> None:
-    searches = lab10.random_asha_searches(random.Random(4), 3)
-    want_settings = lab10.asha_settings_of(_asha, searches)
-    want_runs = lab10.asha_runs(_asha, searches)
-    assert _verdict("equal", lab10.asha_settings_of(_asha, searches), want_settings) is None
-    assert _verdict("equal", lab10.asha_runs(_asha, searches), want_runs) is None  # deterministic
-    stops = [d for run in want_runs.values() for ds in run["decisions"].values() for d in ds if d == "STOP"]
-    assert stops, "the simulated searches must make ASHA stop trials"
-    first = next(iter(want_runs.values()))
-    assert first["trial_epochs"] < sum(len(c) for c in next(iter(searches.values()))["curves"].values()) / 2
+class _TuneInside(ASHAScheduler):
+    """A wrong answer: Tune's ASHA subclassed (decides by Tune's quantile, and is counted)."""
 
-    # wrong settings and schedulers are told apart
-    assert _verdict("equal", lab10.asha_runs(lambda m: _asha(m, reduction_factor=4), searches), want_runs) is not None
-    assert _verdict("equal", lab10.asha_runs(lambda m: _asha(m, grace_period=3), searches), want_runs) is not None
-    assert _verdict("equal", lab10.asha_runs(lambda m: FIFOScheduler(), searches), want_runs) is not None
-    assert "time_attr" in _verdict("equal", lab10.asha_settings_of(lambda m: _asha(m, time_attr="epoch"), searches),
-                                   want_settings)
-    assert "TuneConfig" in _verdict("equal", lab10.asha_settings_of(
-        lambda m: _asha(m, metric="accuracy", mode="max"), searches), want_settings)
-    assert "max_t" in _verdict("equal", lab10.asha_settings_of(lambda m: _asha(m + 1), searches), want_settings)
-    # stop_last_trials only changes the decision at the last epoch, which the trainable ends anyway
-    assert _verdict("equal", lab10.asha_runs(lambda m: _asha(m, stop_last_trials=False), searches), want_runs) is None
+    def __init__(self, max_t, grace_period=1, reduction_factor=3):
+        super().__init__(max_t=max_t, grace_period=grace_period, reduction_factor=reduction_factor)
+
+
+class _Floor(lab10.PromotionASHA):
+    """A wrong answer: the top floor(n / rf) by rank, so the first arrivals at a rung stop."""
+
+    def on_trial_result(self, tune_controller, trial, result):
+        t = result.get(self.time_attr)
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == "CONTINUE" and t in self.rungs and trial.trial_id in self.rungs[t]:
+            rung = self.rungs[t]
+            better = sum(v > rung[trial.trial_id] for v in rung.values())
+            return "CONTINUE" if better < math.floor(len(rung) / self.reduction_factor) else "STOP"
+        return decision
+
+
+class _IgnoresMode(lab10.PromotionASHA):
+    """A wrong answer: forgets that mode="min" means lower is better."""
+
+    def set_search_properties(self, metric, mode, **spec):
+        return super().set_search_properties(metric, "max", **spec)
+
+
+def test_scheduler_streams_right_and_wrong() -> None:
+    streams = lab10.random_streams(random.Random(4), 12)
+    assert repr(streams) == repr(lab10.random_streams(random.Random(4), 12))  # the same in both kernels
+    assert {s["mode"] for s in streams.values()} == {"max", "min"}
+    assert len({s["reduction_factor"] for s in streams.values()}) > 1 and any("ties" in n for n in streams)
+    want = lab10.scheduler_runs(lab10.PromotionASHA, streams)
+    assert all(not isinstance(r, Exception) and r["Tune ASHA calls"] == 0 for r in want.values())
+    decisions = [d for r in want.values() for ds in r["decisions"].values() for d in ds]
+    assert decisions.count("STOP") > 50 and decisions.count("CONTINUE") > 100
+    assert _verdict("equal", lab10.scheduler_runs(lab10.PromotionASHA, streams), want) is None  # deterministic
+
+    why = _verdict("equal", lab10.scheduler_runs(_TuneInside, streams), want)
+    assert why is not None and "Tune ASHA calls" in why
+    for wrong in (_Floor, _IgnoresMode, lambda max_t, **kw: FIFOScheduler()):
+        assert _verdict("equal", lab10.scheduler_runs(wrong, streams), want) is not None, wrong
+
+
+def test_tune_comparison_baselines_without_ray() -> None:
+    """The two baselines beside the real search are computed, not run: check them by hand."""
+    case = lab10_asha.comparison_case(random.Random(0))
+    assert len(case["curves"]) == 12 and all(len(c) == case["max_t"] == 9 for c in case["curves"])
+    stream = {"mode": "max", "workers": 2, "epoch_s": case["epoch_s"],
+              "curves": {f"trial_{i:03d}": c for i, c in enumerate(case["curves"])}}
+    tunes = lab10_asha.stream_run(ASHAScheduler(max_t=9, grace_period=1, reduction_factor=3), stream)
+    assert 12 <= tunes["trial_epochs"] < 108 / 2
 
 
 def test_packed_requests_right_and_wrong() -> None:

@@ -263,6 +263,29 @@ def test_a_trial_sees_exactly_the_gpus_it_asked_for(session):
         check_trial_devices([r for r in results if r.config["seed"] == 1], {"cpu": 1.0}, num_gpus=2)
 
 
+@pytest.mark.timeout(300)
+def test_promotion_asha_runs_as_a_tune_scheduler(session):
+    """PromotionASHA in a real Tuner.fit(): it stops trials (fewer trial-epochs than no stopping) and
+    lets some finish, as Tune's ASHAScheduler does on the same results; Tune's ASHA is not used inside,
+    and a wrapper of it is counted."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    from gpulab.hpo.asha import PromotionASHA
+
+    case = grading_lab10.comparison_case(random.Random(0))
+    runs = grading_lab10.tune_comparison(PromotionASHA, case)
+    yours, tunes, everything = runs["yours"], runs["Tune's ASHAScheduler"], runs["no stopping"]
+    assert yours["Tune ASHA calls"] == 0 and everything["trial-epochs"] == 12 * 9
+    assert 12 <= yours["trial-epochs"] <= 0.6 * everything["trial-epochs"], runs
+    assert 1 <= yours["trials finished"] and 0.5 <= yours["trial-epochs"] / tunes["trial-epochs"] <= 2, runs
+
+    class Wrapped(ASHAScheduler):
+        def __init__(self, max_t, grace_period=1, reduction_factor=3):
+            super().__init__(max_t=max_t, grace_period=grace_period, reduction_factor=reduction_factor)
+
+    assert grading_lab10.tune_comparison(Wrapped, case)["yours"]["Tune ASHA calls"] > 0
+
+
 def test_shutdown_leaves_no_ray_process(session):
     pids = [p.pid for p in ray_processes()]
     assert pids, "a running session has Ray processes under this one"

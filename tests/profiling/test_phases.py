@@ -1,0 +1,104 @@
+"""gpulab.profiling.phases and lab 01's grader for it: torch.profiler on one's own loop, checked against a
+stopwatch that opens no profiler range, on the same run; right and wrong answers told apart."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from gpulab.grading import judge, lab01
+from gpulab.grading.evidence import encode
+from gpulab.profiling.phases import DATA, STEP, Stopwatch, profile_phases, trace_shares
+
+CASE = {"active": 3, "batch_size": 8, "sample_cost_s": 0.002, "lr": 0.05}
+
+
+def _verdict(kind: str, actual, expected, **params) -> str | None:
+    spec = {"kind": kind, "what": "case", **params}
+    return judge.verdict(spec, judge.decode(encode(actual)), judge.decode(encode(expected)))
+
+
+def test_stopwatch_times_what_it_wraps():
+    watch = Stopwatch()
+    batches = list(watch.loader([0.01, 0.0, 0.02]))
+    assert batches == [0.01, 0.0, 0.02] and len(watch.data_s) == 3
+    step = watch.step(time.sleep)
+    for b in batches:
+        step(b)
+    assert watch.step_s[0] >= 0.01 and watch.step_s[2] >= 0.02
+    shares = watch.shares(skip=1)
+    assert shares[DATA] + shares[STEP] == pytest.approx(1.0) and shares[STEP] > 0.9
+    with pytest.raises(ValueError, match="none after skipping 3"):
+        watch.shares(skip=3)
+
+
+def test_profiler_ranges_agree_with_the_stopwatch(tmp_path):
+    """A data-bound loop (busy loader, cheap step) and a step-bound one: the reference's ranges
+    give the stopwatch's shares to within 3 points, and the loop trains like a plain one."""
+    data_share = {}
+    for cost in (0.004, 0.0):
+        case = {**CASE, "sample_cost_s": cost}
+        run = lab01.phases_run(profile_phases, 3, case, str(tmp_path / "t.json"))
+        assert run["batches"] == 5
+        assert {k: run["ranges"][k] for k in ("data", "step", "ProfilerStep#2", "ProfilerStep#4")} == {
+            "data": 3, "step": 3, "ProfilerStep#2": 1, "ProfilerStep#4": 1}
+        for k in (DATA, STEP):
+            assert abs(run["profiler"][k] - run["stopwatch"][k]) < 0.03, (cost, run)
+        data_share[cost] = run["stopwatch"][DATA]
+        torch.testing.assert_close(run["params"], lab01.plain_loop(3, case))
+    assert data_share[0.004] > 5 * data_share[0.0]  # 32 ms of CPU per batch against a loader that costs nothing
+
+
+def test_trace_shares_needs_steps(tmp_path):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("data"):
+            torch.ones(3).sum()
+    prof.export_chrome_trace(str(tmp_path / "no_steps.json"))
+    with pytest.raises(ValueError, match="no ProfilerStep"):
+        trace_shares(tmp_path / "no_steps.json", ["data"])
+
+
+def _for_loop(loader, train_step, trace_path, active=6):
+    """A wrong answer: `for batch in loader` puts the wait for a batch outside the data range."""
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=active)) as prof:
+        for batch in loader:
+            with record_function("data"):
+                pass
+            with record_function("step"):
+                train_step(batch)
+            prof.step()
+    prof.export_chrome_trace(trace_path)
+    return prof
+
+
+def _skips_warmup(loader, train_step, trace_path, active=6):
+    """A wrong answer: no warm-up step (and one batch left untrained)."""
+    it = iter(loader)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=0, active=active)) as prof:
+        for _ in range(1 + active):
+            with record_function("data"):
+                batch = next(it)
+            with record_function("step"):
+                train_step(batch)
+            prof.step()
+    prof.export_chrome_trace(trace_path)
+    return prof
+
+
+@pytest.mark.filterwarnings("ignore:Profiler won.t be using warmup")
+def test_grader_tells_wrong_answers_apart(tmp_path):
+    seed, case = 11, lab01.phases_case(random.Random(2))
+    want = lab01.phases_run(profile_phases, seed, case, str(tmp_path / "ref.json"))
+    keys = ("batches", "ranges")
+    right = lab01.phases_run(profile_phases, seed, case, str(tmp_path / "right.json"))
+    assert _verdict("equal", {k: right[k] for k in keys}, {k: want[k] for k in keys}) is None
+
+    wrong = lab01.phases_run(_for_loop, seed, {**case, "sample_cost_s": 0.003}, str(tmp_path / "for.json"))
+    assert _verdict("between", wrong["profiler"][DATA] - wrong["stopwatch"][DATA], None, lo=-0.03, hi=0.03)
+    short = lab01.phases_run(_skips_warmup, seed, case, str(tmp_path / "short.json"))
+    assert _verdict("equal", {k: short[k] for k in keys}, {k: want[k] for k in keys}) is not None
+    assert _verdict("close", short["params"], lab01.plain_loop(seed, case), rtol=1e-4, atol=1e-5) is not None
