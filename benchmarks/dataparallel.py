@@ -38,8 +38,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gpulab.devices import cuda_device_count, logical_devices
-from gpulab.memory import MemoryMeter
+from gpulab.devices import MemoryMeter, cuda_device_count, logical_devices
 from gpulab.parallel import DataParallel, DataParallelCriterion, DataParallelModel, comm, replicate
 from gpulab.parallel.dp.batch_scaling import ScalingTask, scaled_lr, time_to_target
 from gpulab.parallel.dp.step_memory import HeadWorkload, fits_in_budget, largest_batch, step_memory

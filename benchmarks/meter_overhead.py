@@ -25,8 +25,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpulab.devices import default_device
-from gpulab.memory import MemoryMeter
+from gpulab.devices import MemoryMeter, default_device
 from gpulab.models import SmallCNN
 
 TARGET = 3.0

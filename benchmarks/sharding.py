@@ -5,9 +5,9 @@ ZeroRedundancyOptimizer) and FSDP2, and what no_sync saves in gradient accumulat
     .venv/bin/python benchmarks/sharding.py --world-size 4
 
 One launch trains the same MLP (8 Linear layers of 512 features: 2.1 M parameters) with AdamW
-under each strategy, side by side (gpulab.parallel.ddp.sharding_runs), and counts the bytes each rank
+under each strategy, side by side (gpulab.parallel.sharding.runs), and counts the bytes each rank
 holds from its tensors. A second launch accumulates 4 micro-batches per step on NaiveDDP with and
-without no_sync and counts the all-reduce calls (gpulab.parallel.ddp.accumulation.count_collectives).
+without no_sync and counts the all-reduce calls (gpulab.parallel.sharding.accumulation.count_collectives).
 
 Targets: ``optimizer_state_per_rank_ratio`` (the fullest rank's AdamW state under ZeRO-1 over
 DDP's) <= 1/N + 0.05; ``fsdp_param_grad_state_per_rank_ratio`` about 1/N;
@@ -33,8 +33,8 @@ import torch
 
 from gpulab.grading.lab09 import run_accumulation
 from gpulab.parallel import launch, resolve_backend
-from gpulab.parallel.ddp.accumulation import accumulation_step
-from gpulab.parallel.ddp.sharding_runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
+from gpulab.parallel.sharding.accumulation import accumulation_step
+from gpulab.parallel.sharding.runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
 
 MICRO_BATCHES = 4
 

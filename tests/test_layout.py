@@ -230,3 +230,60 @@ def test_every_function_a_test_launches_can_be_spawned() -> None:
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         bad += [f"{path.relative_to(REPO)}:{where}" for where in _local_functions_launched(ast.parse(path.read_text()))]
     assert bad == [], "define these launched functions at module level: " + ", ".join(bad)
+
+
+# --- no aliases, and one concept per parallel package ------------------------------------------
+
+
+def _aliases(tree: ast.AST) -> list[int]:
+    """Lines of ``sys.modules[...] = module`` assignments and module-level ``__getattr__`` functions.
+    Not aliases: a method named ``__getattr__``, and a name set to None (that blocks an import)."""
+    found = [node.lineno for node in getattr(tree, "body", [])
+             if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and not (isinstance(node.value, ast.Constant) and node.value.value is None):
+            found += [node.lineno for t in node.targets
+                      if isinstance(t, ast.Subscript) and ast.unparse(t.value) == "sys.modules"]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.modules.setdefault", "sys.modules.update"):
+            if not (len(node.args) == 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value is None):
+                found.append(node.lineno)
+    return sorted(found)
+
+
+def test_the_alias_finder_sees_both_kinds() -> None:
+    tree = ast.parse("import sys\nsys.modules['a.b'] = m\nsys.modules.setdefault('c', m)\n"
+                     "def __getattr__(name):\n    return 1\nclass C:\n    def __getattr__(self, n):\n        return 2\n"
+                     "sys.modules['blocked'] = None\nsys.modules.setdefault('blocked2', None)\n")
+    assert _aliases(tree) == [2, 3, 4]
+
+
+def test_no_module_aliases() -> None:
+    """Old import paths are not kept alive: every module is imported by its one canonical path."""
+    bad = [f"{path.relative_to(REPO)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+           for line in _aliases(ast.parse(path.read_text()))]
+    assert bad == [], "sys.modules / module __getattr__ aliases: " + ", ".join(bad)
+
+
+# which gpulab.parallel packages each one may import: the launcher serves every other, DDP never
+# reaches into sharding (lab 09 builds on lab 06, not the reverse)
+PARALLEL_MAY_NOT_IMPORT = {
+    "gpulab.parallel.launcher": ("gpulab.parallel.ddp", "gpulab.parallel.sharding", "gpulab.parallel.pipeline",
+                                 "gpulab.parallel.tp", "gpulab.parallel.dp"),
+    "gpulab.parallel.ddp": ("gpulab.parallel.sharding", "gpulab.parallel.pipeline", "gpulab.parallel.tp"),
+}
+
+
+def test_each_parallel_package_holds_one_concept() -> None:
+    bad = sorted(f"{m} imports {t}" for m, ts in import_graph().items() for pkg, banned in PARALLEL_MAY_NOT_IMPORT.items()
+                 if m == pkg or m.startswith(pkg + ".") for t in ts if t.startswith(banned))
+    assert bad == [], "; ".join(bad)
+
+
+def test_gpipes_step_and_zero1s_step_read_in_one_file() -> None:
+    """A student follows lab 07's and lab 09's reference from its own file: nothing it imports from
+    its package holds algorithm (GPipe: only the timeline's StageEvent; ZeRO-1: only checkpoints)."""
+    graph = import_graph()
+    assert {t for t in graph["gpulab.parallel.pipeline.gpipe"] if t.startswith("gpulab.parallel.pipeline")} == {
+        "gpulab.parallel.pipeline.bubble"}
+    assert {t for t in graph["gpulab.parallel.sharding.zero1"] if t.startswith("gpulab.parallel")} == {
+        "gpulab.parallel.sharding.checkpoint"}

@@ -109,7 +109,7 @@ class LogicalDevices(list):
         phys = ", ".join(str(p) for p in self.physical)
         if self.simulated:
             return (f"{len(self)} logical devices on {len(self.physical)} physical ({phys}): simulated; "
-                    "memory is counted per logical device by gpulab.memory.MemoryMeter, and they share compute")
+                    "memory is counted per logical device by gpulab.devices.MemoryMeter, and they share compute")
         return f"{len(self)} logical devices on {len(self.physical)} physical ({phys}): real devices"
 
 

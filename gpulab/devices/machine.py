@@ -2,7 +2,7 @@
 
 Lab 00's exercises are written against :class:`MachineSpec`, a plain description of a machine, so
 they can be graded on any machine: :func:`choose_backend` and :func:`place_ranks` are the
-references the hidden tests compare with, and :mod:`gpulab.parallel.ddp.startup` applies the same
+references the hidden tests compare with, and :mod:`gpulab.parallel.launcher.startup` applies the same
 rules to the machine it runs on.
 """
 

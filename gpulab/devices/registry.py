@@ -1,6 +1,6 @@
 """Placement: which logical device each tensor lives on, recorded per storage.
 
-:mod:`gpulab.parallel.comm` (transfers), :class:`gpulab.memory.MemoryMeter` (every new storage
+:mod:`gpulab.parallel.comm` (transfers), :class:`gpulab.devices.MemoryMeter` (every new storage
 while it is active) and ``MemoryMeter.track`` write the registry; :func:`placement` reads it.
 Views share their base's storage, so they share its device. An entry is dropped by a
 weak-reference callback when the storage is really freed: a storage keeps its Python object alive
@@ -129,7 +129,7 @@ def placement(tensor: torch.Tensor) -> LogicalDevice:
 
     It is the device recorded for the tensor's storage (views share it) by a
     :mod:`gpulab.parallel.comm` transfer, by ``MemoryMeter.track``, or by an active
-    :class:`gpulab.memory.MemoryMeter` when the storage was created. A tensor gpulab never saw
+    :class:`gpulab.devices.MemoryMeter` when the storage was created. A tensor gpulab never saw
     (created before any meter, never moved) is on device 0 of its physical device, or on
     ``logical:k`` for ``cuda:k``, as a model built on the first GPU is on DataParallel's device 0.
 

@@ -1,12 +1,12 @@
 """The one check that an argument is a usable :class:`LogicalDevice` (or a list of them).
 
 Every multi-device function in gpulab (the transfers in :mod:`gpulab.parallel.comm`, DataParallel
-and its pieces, the model split, :class:`gpulab.memory.MemoryMeter`) checks its ``device`` /
+and its pieces, the model split, :class:`gpulab.devices.MemoryMeter`) checks its ``device`` /
 ``devices`` argument here, so the most common mistakes get one wording that names the fix:
 
 - ``device_ids=[0, 1]`` or ``"cuda:1"`` where gpulab wants logical devices (a TypeError);
 - a logical device on a GPU this machine does not have, e.g. made on a bigger server (ValueError);
-- a device that the active :class:`~gpulab.memory.MemoryMeter` does not measure (ValueError);
+- a device that the active :class:`~gpulab.devices.MemoryMeter` does not measure (ValueError);
 - an empty list, or a device listed twice (ValueError).
 """
 

@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpulab.devices import placement
-from gpulab.memory import MemoryMeter
+from gpulab.devices import MemoryMeter, placement
 from gpulab.models import MLP
 from gpulab.parallel import comm
 from gpulab.parallel.dp.parallel_apply import parallel_apply as gpulab_parallel_apply

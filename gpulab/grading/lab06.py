@@ -1,7 +1,7 @@
 """Lab 06's graders: run the student's code (in the kernel, or inside real ranks) and return plain
 values; the test cells check them against values computed only in the reference kernel.
 
-Code that runs inside ranks (started by :func:`gpulab.parallel.ddp.launch`, fork, so the function
+Code that runs inside ranks (started by :func:`gpulab.parallel.launcher.launch`, fork, so the function
 under test may come from a notebook cell) cannot send evidence: each function here returns what
 the ranks hold, and the expected value comes from the function next to it, called only inside
 ``grading.by_reference``:
@@ -15,7 +15,12 @@ the ranks hold, and the expected value comes from the function next to it, calle
 - a mixed-precision step under torch DDP: :func:`run_amp_steps` (the student's step) against
   :func:`amp_reference` (gpulab's :func:`amp_step` in the same ranks);
 - the unused-parameter probe and the DDP wrapper: :func:`gated_models` against
-  :func:`unused_parameters`; :func:`run_ddp_wrapping` against :func:`single_process_wrapping`.
+  :func:`unused_parameters`; :func:`run_ddp_wrapping` against :func:`single_process_wrapping`;
+- the α–β cost model and the rebuilt buckets: cases and measured inputs from
+  :mod:`gpulab.grading.lab06_cost` (re-exported here), against :mod:`gpulab.parallel.ddp.ring_cost`
+  and :mod:`gpulab.parallel.ddp.rebuild`;
+- the ``mp.spawn`` script, run as a program: :func:`run_scripts` against
+  :func:`single_process_training` (:mod:`gpulab.grading.lab06_script`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,17 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from gpulab.grading.lab06_cost import (
+    CANDIDATES_MB,
+    alpha_beta_cases,
+    best_size_cases,
+    measured_alpha_beta,
+    prediction_cases,
+    rebuild_cases,
+    rebuild_models,
+    refusing_torch_bucket_rule,
+    timed_model,
+)
 from gpulab.grading.lab06_ddp import (
     BUCKETED_CASES,
     OVERLAP_BUCKET_MB,
@@ -44,20 +60,27 @@ from gpulab.grading.lab06_ddp import (
     single_process_run,
     trace_overlap,
 )
+from gpulab.grading.lab06_script import SCRIPT, ScriptError, require_script, run_scripts, single_process_training
 from gpulab.models import MLP
 from gpulab.parallel.ddp.allreduce import OverlappedDDP, unused_parameters
 from gpulab.parallel.ddp.amp import amp_step, make_grad_scaler
 from gpulab.parallel.ddp.bucketed import BucketedDDP, _Bucket, bucket_assignment
 from gpulab.parallel.ddp.examples import BranchyNet, example_data, sgd_steps
-from gpulab.parallel.ddp.launch import launch
-from gpulab.parallel.ddp.startup import rank_device
+from gpulab.parallel.ddp.rebuild import head_first_net, ready_order, rebuilt_buckets, torch_ddp_buckets
+from gpulab.parallel.ddp.ring_cost import best_bucket_size, fit_alpha_beta, predict_sync_seconds
+from gpulab.parallel.launcher.launch import launch
+from gpulab.parallel.launcher.startup import rank_device
 
 __all__ = ["REFERENCES", "sampler_cases", "sampler_shards", "loader_cases", "loader_facts", "expected_loader_facts",
            "PER_PARAMETER_CASES", "BUCKETED_CASES", "run_ddp_class", "single_process_run", "class_tolerance",
            "OVERLAP_CFG", "OVERLAP_BUCKET_MB", "overlap_case", "trace_overlap", "overlap_plan", "SPEED_CFG",
            "bucketing_run", "run_amp_steps", "amp_reference", "Gated", "gated_models", "run_ddp_wrapping",
            "single_process_wrapping", "SyncCheck", "compare_with_single_process",
-           "OverlappedDDP", "BucketedDDP", "bucket_assignment", "unused_parameters", "amp_step"]
+           "OverlappedDDP", "BucketedDDP", "bucket_assignment", "unused_parameters", "amp_step",
+           "CANDIDATES_MB", "alpha_beta_cases", "prediction_cases", "best_size_cases", "measured_alpha_beta", "timed_model",
+           "fit_alpha_beta", "predict_sync_seconds", "best_bucket_size", "rebuild_cases", "rebuild_models",
+           "ready_order", "rebuilt_buckets", "torch_ddp_buckets", "head_first_net", "refusing_torch_bucket_rule",
+           "SCRIPT", "ScriptError", "require_script", "run_scripts", "single_process_training"]
 
 # gpulab's reference implementations of lab 06's exercises, masked in a graded kernel (gpulab.course.mask):
 # the per-parameter and bucketed DDP classes (and the bucket helper a student could build on), the bucket
@@ -68,7 +91,11 @@ __all__ = ["REFERENCES", "sampler_cases", "sampler_shards", "loader_cases", "loa
 # - NaiveDDP, allreduce_gradients, DataParallelWrapper, at_end_of_backward: no exercise's answer (NaiveDDP
 #   all-reduces after backward, which the overlap checks fail), and the timeline and step-time demos
 #   train NaiveDDP in the graded kernel.
-REFERENCES: tuple = (OverlappedDDP, BucketedDDP, _Bucket, bucket_assignment, amp_step, unused_parameters)
+# The α–β fit and prediction, the rebuilt buckets and the ready-order probe, and the single-process run the
+# spawn script is compared with (a script could save its result instead of training) are masked too.
+REFERENCES: tuple = (OverlappedDDP, BucketedDDP, _Bucket, bucket_assignment, amp_step, unused_parameters,
+                     fit_alpha_beta, predict_sync_seconds, best_bucket_size, ready_order, rebuilt_buckets,
+                     single_process_training)
 
 
 # --- exercise 1: the sampler -----------------------------------------------------------------------
@@ -139,7 +166,7 @@ def expected_loader_facts(cases: dict[str, dict[str, int]]) -> dict[str, dict[st
     return out
 
 
-# --- exercise 6: a mixed-precision step under torch DDP -----------------------------------------------
+# --- exercise 8: a mixed-precision step under torch DDP -----------------------------------------------
 
 AMP_SIZES = (16, 64, 64, 4)
 
@@ -182,7 +209,7 @@ def amp_reference(world_size: int = 2, num_steps: int = 4, seed: int = 1) -> lis
 
 
 
-# --- exercise 7: unused parameters, and the DDP wrapper --------------------------------------------------
+# --- exercise 9: unused parameters, and the DDP wrapper --------------------------------------------------
 
 class Gated(nn.Module):
     """Parallel Linear branches summed; only the branches in ``used`` run, and the biases in

@@ -33,10 +33,10 @@ from torch import nn
 from gpulab.models import MLP
 from gpulab.parallel.ddp.bucketed import bucket_assignment
 from gpulab.parallel.ddp.examples import BranchyNet, TiedEmbeddingNet, example_data, token_data
-from gpulab.parallel.ddp.launch import launch
-from gpulab.parallel.ddp.startup import rank_device
 from gpulab.parallel.ddp.timing import StepTimingConfig, deep_mlp
 from gpulab.parallel.ddp.trace import launched_before_last_gradient, trace_step
+from gpulab.parallel.launcher.launch import launch
+from gpulab.parallel.launcher.startup import rank_device
 
 __all__ = ["PER_PARAMETER_CASES", "BUCKETED_CASES", "run_ddp_class", "single_process_run", "class_tolerance",
            "OVERLAP_CFG", "OVERLAP_BUCKET_MB", "overlap_case", "trace_overlap", "overlap_plan",
@@ -64,7 +64,7 @@ def preload_torch_ddp() -> None:
 def class_tolerance(world_size: int) -> float:
     """How far DDP training may drift from one process: float32 sums in another order on the CPU
     (gloo), GPU kernels with nccl."""
-    from gpulab.parallel.ddp.startup import resolve_backend
+    from gpulab.parallel.launcher.startup import resolve_backend
 
     return 1e-5 if resolve_backend("auto", world_size) == "gloo" else 1e-4
 

@@ -43,7 +43,7 @@ from torch import nn
 
 from gpulab.devices import LogicalDevice, cuda_device_count, logical_devices
 from gpulab.parallel.pipeline import bubble_fraction, gpipe_train_step, micro_batch_step
-from gpulab.parallel.pipeline.gpipe import _concat
+from gpulab.parallel.pipeline.pipelined import _concat
 from gpulab.parallel.pipeline.split import SplitModel, split_model
 from gpulab.parallel.pipeline.threads import StageThreads, run_in_stage_threads
 from gpulab.parallel.pipeline.timing import intra_op_threads

@@ -12,7 +12,7 @@ kernel while the lab is graded):
   parameters (against :func:`single_process_params`), the parameters its ``local_optimizer``
   holds and that optimizer's state bytes (against :func:`reference_zero1`, gpulab's
   :class:`ShardedOptimizer` in the same ranks);
-- :func:`measure_zero1_bytes`: the bytes per rank of :func:`~gpulab.parallel.ddp.sharding_runs.measure_sharding`
+- :func:`measure_zero1_bytes`: the bytes per rank of :func:`~gpulab.parallel.sharding.runs.measure_sharding`
   for the student's class (against gpulab's ``"zero1"`` strategy: :func:`reference_zero1_bytes`);
 - :func:`run_accumulation`: named accumulation steps ``fn(model, optimizer, micro_batches, loss_fn)``
   on :class:`NaiveDDP` or :class:`BucketedDDP`: all-reduce calls per step (counted), step times
@@ -31,10 +31,10 @@ from torch import nn
 
 from gpulab.models import MLP
 from gpulab.parallel import BucketedDDP, NaiveDDP, allreduce_gradients, bucket_assignment, launch, rank_device
-from gpulab.parallel.ddp.accumulation import accumulation_step, count_collectives
-from gpulab.parallel.ddp.sharded import ShardedOptimizer, _assign, balanced_owners
-from gpulab.parallel.ddp.sharding_runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
-from gpulab.parallel.ddp.state_bytes import optimizer_state_bytes
+from gpulab.parallel.sharding.accumulation import accumulation_step, count_collectives
+from gpulab.parallel.sharding.runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
+from gpulab.parallel.sharding.state_bytes import optimizer_state_bytes
+from gpulab.parallel.sharding.zero1 import ShardedOptimizer, _assign, balanced_owners
 from gpulab.profiling.interleave import timed_call
 
 __all__ = ["REFERENCES", "TiedMLP", "random_partition_cases", "balanced_owners", "run_zero1", "reference_zero1",

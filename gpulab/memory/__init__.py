@@ -1,11 +1,7 @@
 """Memory on every logical device: measure it, budget it, and (lab 08) find what fills it.
 
-- :class:`MemoryMeter` (:mod:`gpulab.memory.meter`): live and peak bytes per logical device, a
-  budget that raises ``torch.OutOfMemoryError``, a table and plots.
-- :mod:`gpulab.memory.report`: the report it returns, and byte formatting.
-
-How it works: :mod:`gpulab.memory.attribution` (which storages an op created, and where they go),
-:mod:`gpulab.memory.ledger` (the counts), :mod:`gpulab.memory.threads` (following worker threads).
+The meter itself, :class:`gpulab.devices.MemoryMeter`, lives with the devices it measures (labs
+04, 05, 07 and 08 use it).
 
 Lab 08's tools for out-of-memory errors:
 
@@ -29,12 +25,6 @@ PyTorch's own tools beside them, reading the same runs:
   allocated them, and the sites that grew between two snapshots.
 """
 
-from gpulab.memory.meter import MemoryMeter
-from gpulab.memory.report import DeviceMemory, MemoryReport, format_bytes
-
-__all__ = ["MemoryMeter", "MemoryReport", "DeviceMemory", "format_bytes"]
-
-# lab 08: out-of-memory tools
 from gpulab.memory.batch_size import find_max_batch_size, free_memory
 from gpulab.memory.cuda_report import MemoryStatus, memory_report
 from gpulab.memory.leaks import LeakFinder, LeakReport
@@ -43,6 +33,6 @@ from gpulab.memory.savings import peak_memory
 from gpulab.memory.summary import ModelSummary, ShapeMismatchError, summary
 from gpulab.memory.trend import LeakCriterion
 
-__all__ += ["memory_report", "MemoryStatus", "LeakFinder", "LeakCriterion", "LeakReport", "find_max_batch_size",
-            "free_memory", "oom_retry", "OOMRetry", "summary", "ModelSummary",
-            "ShapeMismatchError", "peak_memory"]
+__all__ = ["memory_report", "MemoryStatus", "LeakFinder", "LeakCriterion", "LeakReport", "find_max_batch_size",
+           "free_memory", "oom_retry", "OOMRetry", "summary", "ModelSummary",
+           "ShapeMismatchError", "peak_memory"]

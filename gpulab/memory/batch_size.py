@@ -5,7 +5,7 @@ batch is not the problem), and the search generalises it: try ``lo``, then ``hi`
 interval, each try a real step. Memory use grows with the batch (activations are linear in it),
 so whether a batch fits is monotone and about log2(hi - lo) tries find the largest one.
 
-Each try runs under a :class:`~gpulab.memory.MemoryMeter` with ``budget=`` (on any machine:
+Each try runs under a :class:`~gpulab.devices.MemoryMeter` with ``budget=`` (on any machine:
 the lab's way of having a "GPU" of a chosen size) or, with no budget, on the real GPU, where the
 CUDA allocator raises ``torch.OutOfMemoryError``. After a try that failed, what it left is freed:
 the exception (its traceback holds the step's frames and every tensor in them) is dropped,
@@ -28,9 +28,9 @@ import torch
 from tqdm.auto import tqdm
 
 from gpulab.devices import cuda_device_count, default_device
+from gpulab.devices.meter import MemoryMeter
+from gpulab.devices.meter_report import format_bytes
 from gpulab.devices.registry import default_for
-from gpulab.memory.meter import MemoryMeter
-from gpulab.memory.report import format_bytes
 
 __all__ = ["find_max_batch_size", "bisect_largest", "free_memory", "is_out_of_memory", "Try"]
 

@@ -5,7 +5,7 @@ On a GPU the answer is the CUDA caching allocator's: ``allocated`` (bytes in liv
 ``nvidia-smi`` shows for the process, minus the CUDA context) and their peaks, plus
 ``torch.cuda.memory_summary()``'s full table. On a CPU-only machine the CPU allocator keeps no
 statistics: ``torch.cuda.memory_stats()`` is empty and ``torch.cuda.memory_summary()`` raises
-``KeyError``, so the answer is a :class:`~gpulab.memory.MemoryMeter`'s (the one given, or the
+``KeyError``, so the answer is a :class:`~gpulab.devices.MemoryMeter`'s (the one given, or the
 innermost active one).
 
     print(memory_report())                  # on a GPU: the allocator; on a CPU: the active meter
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from gpulab.devices import cuda_device_count, default_device
-from gpulab.memory import threads
-from gpulab.memory.meter import MemoryMeter
-from gpulab.memory.report import format_bytes
+from gpulab.devices import meter_threads as threads
+from gpulab.devices.meter import MemoryMeter
+from gpulab.devices.meter_report import format_bytes
 
 __all__ = ["memory_report", "MemoryStatus", "CUDA_MODE", "METER_MODE", "NONE_MODE"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpulab.devices.meter_report import format_bytes
 from gpulab.memory.origins import Frame
-from gpulab.memory.report import format_bytes
 
 __all__ = ["LeakReport", "LeakSite"]
 

@@ -14,7 +14,7 @@ grouped by the line of *your* loop that made them (:mod:`gpulab.memory.origins`)
     finder.plot()
 
 Live bytes come from the meter you pass (``meter=``), else ``torch.cuda.memory_allocated`` on a
-GPU, else a :class:`~gpulab.memory.MemoryMeter` of its own (a CPU has no allocator statistics).
+GPU, else a :class:`~gpulab.devices.MemoryMeter` of its own (a CPU has no allocator statistics).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from gpulab.devices import registry as placement
+from gpulab.devices.meter import MemoryMeter
 from gpulab.devices.physical import cuda_device_count
 from gpulab.memory.leak_report import LeakReport, LeakSite
-from gpulab.memory.meter import MemoryMeter
 from gpulab.memory.origins import Frame, Origin, OriginTracer
 from gpulab.memory.trend import LeakCriterion
 
@@ -43,7 +43,7 @@ class LeakFinder:
     """Live memory per step, a leak verdict, and the surviving tensors with where they were made.
 
     Args:
-        meter: an active :class:`~gpulab.memory.MemoryMeter` to read live bytes from (the sum
+        meter: an active :class:`~gpulab.devices.MemoryMeter` to read live bytes from (the sum
             over its devices). None: ``torch.cuda.memory_allocated`` if ``device`` is a GPU, else
             a meter of the finder's own.
         track: a module or tensors made before the finder (the model) to count in its meter,
@@ -65,7 +65,7 @@ class LeakFinder:
                  threshold: int = 1024, max_records: int = 100_000) -> None:
         self.criterion = LeakCriterion(window, segments, threshold)
         if meter is not None and not isinstance(meter, MemoryMeter):
-            raise TypeError(f"meter must be a gpulab.memory.MemoryMeter, got {type(meter).__name__}")
+            raise TypeError(f"meter must be a gpulab.devices.MemoryMeter, got {type(meter).__name__}")
         if track is not None and not isinstance(track, (nn.Module, torch.Tensor)):
             track = list(track)  # read twice (device, then meter.track): a generator would be empty
         self._given = meter

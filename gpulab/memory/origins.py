@@ -6,7 +6,7 @@ to it, torch's own frames left out (the line in *your* loop, and the model code 
 reference drops the record when the storage is freed, so what remains is exactly what survived.
 
 Costs are bounded: only new storages are recorded (views and in-place results are skipped, as in
-:mod:`gpulab.memory.attribution`); each record walks at most ``max_frames`` frames and keeps
+:mod:`gpulab.devices.meter_attribution`); each record walks at most ``max_frames`` frames and keeps
 ``(code, line)`` pairs, never the frames (a frame holds its locals alive: keeping one would itself
 leak); and at most ``max_records`` storages are followed at once (later ones are counted, not
 recorded). On a CPU the backward pass runs in the calling thread, so its storages point at the
@@ -28,7 +28,7 @@ from types import CodeType, FrameType
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # a private module; torch has no public path
 
-from gpulab.memory.attribution import FRESH, MUTATE, VIEW, _kind, _tensors
+from gpulab.devices.meter_attribution import FRESH, MUTATE, VIEW, _kind, _tensors
 
 __all__ = ["OriginTracer", "Origin", "Frame"]
 

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from gpulab.devices.meter import MemoryMeter
 from gpulab.devices.registry import default_for
-from gpulab.memory.meter import MemoryMeter
 from gpulab.models import SmallCNN
 
 __all__ = ["peak_memory", "fp32_step", "bf16_step", "segment_sizes", "checkpointed_forward", "checkpointed_step", "Workload", "lab_workloads"]
@@ -39,7 +39,7 @@ __all__ = ["peak_memory", "fp32_step", "bf16_step", "segment_sizes", "checkpoint
 def peak_memory(fn: Callable[..., Any], *args: Any, track: Any = None, **kwargs: Any) -> int:
     """Peak bytes of tensor storage above the start while ``fn(*args, **kwargs)`` runs.
 
-    Runs under a fresh :class:`~gpulab.memory.MemoryMeter`; ``track`` (the model) is counted as
+    Runs under a fresh :class:`~gpulab.devices.MemoryMeter`; ``track`` (the model) is counted as
     already there, so the figure is what the call adds on top of it (activations, gradients,
     temporaries). Gradients that already exist are part of the start: zero them with
     ``set_to_none=True`` first to count them.

@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
+from gpulab.devices.meter_report import format_bytes
 from gpulab.devices.physical import cuda_device_count
-from gpulab.memory.report import format_bytes
 
 __all__ = ["MemoryHistory", "SnapshotFrame", "Block", "Site", "load_snapshot", "live_blocks", "sites",
            "grown_sites", "timeline", "summarize"]

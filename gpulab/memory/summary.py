@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from gpulab.devices.batches import tree_tensors
-from gpulab.memory.report import format_bytes
+from gpulab.devices.meter_report import format_bytes
 
 __all__ = ["summary", "ModelSummary", "LayerRow", "ShapeMismatchError"]
 

@@ -1,10 +1,12 @@
 """Several devices: DataParallel and the balanced criterion (labs 04-05), DistributedDataParallel
-(lab 06), model and pipeline parallelism (lab 07).
+(lab 06), model and pipeline parallelism (lab 07), sharding (lab 09).
 
 - :mod:`gpulab.parallel.comm`: ``to``, ``broadcast``, ``scatter``, ``gather``, ``reduce_add``
   between logical devices, differentiable.
 - :mod:`gpulab.parallel.dp`: DataParallel from its pieces, and the balanced criterion.
-- :mod:`gpulab.parallel.ddp`: launching ranks, DistributedSampler, gradient all-reduce, AMP.
+- :mod:`gpulab.parallel.launcher`: starting ranks (``launch``), from a notebook too.
+- :mod:`gpulab.parallel.ddp`: gradient all-reduce (naive, per parameter, bucketed), DistributedSampler, AMP.
+- :mod:`gpulab.parallel.sharding`: ZeRO-1 and the bytes a rank holds (lab 09).
 - :mod:`gpulab.parallel.pipeline`: split models and GPipe pipelining.
 
 The public names are re-exported here, so ``from gpulab.parallel import DataParallel`` works.
@@ -17,10 +19,8 @@ from gpulab.parallel.comm import broadcast, gather, reduce_add, scatter, to
 from gpulab.parallel.ddp import (
     BucketedDDP,
     DistributedSampler,
-    LaunchTimeoutError,
     NaiveDDP,
     OverlappedDDP,
-    RankFailedError,
     StepTimingConfig,
     UnpaddedDistributedSampler,
     allreduce_gradients,
@@ -29,18 +29,21 @@ from gpulab.parallel.ddp import (
     bucket_assignment,
     distributed_accuracy,
     epoch_orders,
-    launch,
     make_grad_scaler,
-    rank_device,
-    resolve_backend,
     summarize_step_times,
-    threads_per_rank,
     time_sync_strategies,
     unused_parameters,
 )
 from gpulab.parallel.ddp.examples import BranchyNet
-from gpulab.parallel.ddp.sharded import ShardedOptimizer
 from gpulab.parallel.dp import DataParallel, DataParallelCriterion, DataParallelModel, parallel_apply, replicate
+from gpulab.parallel.launcher import (
+    LaunchTimeoutError,
+    RankFailedError,
+    launch,
+    rank_device,
+    resolve_backend,
+    threads_per_rank,
+)
 from gpulab.parallel.pipeline import (
     PipelinedModel,
     SplitModel,
@@ -52,6 +55,7 @@ from gpulab.parallel.pipeline import (
     plot_timeline,
     split_model,
 )
+from gpulab.parallel.sharding import ShardedOptimizer
 
 __all__ = [
     "comm", "to", "broadcast", "scatter", "gather", "reduce_add",

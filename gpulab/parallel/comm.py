@@ -139,7 +139,7 @@ def to(tensor, dev, *, non_blocking=False):
     Raises:
         TypeError: if ``dev`` is not a LogicalDevice (a ``torch.device``, ``"cuda:1"`` or an int).
         ValueError: if ``dev`` is on a GPU this machine does not have, or is not in the ``devices=``
-            list of an active :class:`~gpulab.memory.MemoryMeter`.
+            list of an active :class:`~gpulab.devices.MemoryMeter`.
     """
     dev = check_device(dev)
     if isinstance(tensor, nn.Module):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpulab.devices import LogicalDevice, logical_devices
+from gpulab.devices import LogicalDevice, MemoryMeter, logical_devices
 from gpulab.devices.validate import check_device, check_devices
-from gpulab.memory import MemoryMeter
 
 
 @pytest.fixture

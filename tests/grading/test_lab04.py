@@ -14,11 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from gpulab.course.mask import masked_names, write_masks
-from gpulab.devices import logical_devices
+from gpulab.devices import MemoryMeter, logical_devices
 from gpulab.grading import lab04
 from gpulab.grading.evidence import encode
 from gpulab.grading.judge import decode, verdict
-from gpulab.memory import MemoryMeter
 from gpulab.parallel import DataParallel, comm
 from gpulab.parallel.dp.parallel_apply import parallel_apply as gpulab_parallel_apply
 from gpulab.parallel.dp.replicate import replicate as gpulab_replicate

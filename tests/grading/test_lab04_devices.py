@@ -6,7 +6,7 @@ so a cell that adds the losses of two replicas runs here and crashes on the serv
 graded cell ``gather_concatenates_on_the_output_device`` and the replicate demo).
 
 :class:`OneDevicePerOp` applies CUDA's rule to gpulab's logical devices. Inside a
-:class:`~gpulab.memory.MemoryMeter` every new storage is placed on a logical device (from the op's
+:class:`~gpulab.devices.MemoryMeter` every new storage is placed on a logical device (from the op's
 inputs, or the destination of a ``comm`` transfer), and the mode raises on any op other than a
 copy whose tensor arguments span two of them. The lab's source notebook then runs cell by cell
 under it, with its real values and its real checks, hidden tests included.
@@ -29,9 +29,8 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpulab.devices import logical_devices, placement
+from gpulab.devices import MemoryMeter, logical_devices, placement
 from gpulab.grading import lab04
-from gpulab.memory import MemoryMeter
 from gpulab.parallel import comm
 
 matplotlib.use("Agg")

@@ -263,7 +263,13 @@ def test_a_class_that_returns_torch_ddp_or_has_no_finish_is_refused():
 
 def test_references_are_the_exercises_answers_and_leave_the_demos_working():
     from gpulab.parallel import BucketedDDP, NaiveDDP, OverlappedDDP, bucket_assignment
+    from gpulab.parallel.ddp import rebuild, ring_cost, spawn_job
 
     assert set(lab06.REFERENCES) == {OverlappedDDP, BucketedDDP, lab06._Bucket, bucket_assignment, amp_step,
-                                     unused_parameters}
+                                     unused_parameters, ring_cost.fit_alpha_beta, ring_cost.predict_sync_seconds,
+                                     ring_cost.best_bucket_size, rebuild.ready_order, rebuild.rebuilt_buckets,
+                                     spawn_job.single_process_training}
+    # the instruments and workloads the new sections' demos use stay available
+    assert not {ring_cost.allreduce_seconds, ring_cost.backward_seconds, ring_cost.ring_allreduce_seconds,
+                rebuild.torch_ddp_buckets, rebuild.head_first_net, spawn_job.make_job} & set(lab06.REFERENCES)
     assert NaiveDDP not in lab06.REFERENCES and DistributedSampler not in lab06.REFERENCES  # the demos train them

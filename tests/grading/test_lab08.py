@@ -126,7 +126,7 @@ def test_memory_models_have_the_analytic_answer_and_the_reference_finds_it() -> 
     assert all(any(k[j] for k in kinds) for j in range(3))  # lo == hi, hi fits, only lo fits: all drawn
 
     def linear(step_fn, lo, hi, budget):
-        from gpulab.memory import MemoryMeter
+        from gpulab.devices import MemoryMeter
         b = lo
         while b < hi:
             try:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from gpulab.devices import logical_devices
-from gpulab.memory import MemoryMeter, find_max_batch_size
+from gpulab.devices import MemoryMeter, logical_devices
+from gpulab.memory import find_max_batch_size
 from gpulab.memory.batch_size import bisect_largest
 from gpulab.models import SmallCNN
 

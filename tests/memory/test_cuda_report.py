@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpulab.memory import MemoryMeter, memory_report
+from gpulab.devices import MemoryMeter
+from gpulab.memory import memory_report
 from gpulab.memory.cuda_report import CUDA_MODE, METER_MODE, NONE_MODE
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from gpulab.memory import LeakFinder, MemoryMeter
+from gpulab.devices import MemoryMeter
+from gpulab.memory import LeakFinder
 
 matplotlib.use("Agg")
 

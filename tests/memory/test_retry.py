@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from gpulab.devices import logical_devices
-from gpulab.memory import MemoryMeter, oom_retry, retry
+from gpulab.devices import MemoryMeter, logical_devices
+from gpulab.memory import oom_retry, retry
 from gpulab.models import MLP
 
 DEV = logical_devices(1, physical=["cpu"])[0]

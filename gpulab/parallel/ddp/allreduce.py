@@ -1,31 +1,17 @@
-"""Gradient all-reduce for data parallelism, naive first, then better (lab 06).
+"""Gradient all-reduce for data parallelism, naive first, then overlapped (lab 06's references).
 
-Every rank holds a full copy of the model and computes gradients on its own slice of the batch.
-Averaging those gradients over the ranks (``all_reduce`` then ``/ world_size``) gives each rank
-the gradient of the *whole* batch, so every replica takes the same optimizer step and the
-replicas stay identical: after k steps the parameters equal single-process training on the full
-batch (the tests check exactly that). Three ways, each fixing the previous one's cost:
+Each rank computes gradients on its slice of the batch; averaging them (``all_reduce``, then
+``/ world_size``) gives every rank the whole batch's gradient, so the replicas take the same step
+and stay identical (after k steps: single-process training on the full batch).
 
-- :class:`NaiveDDP`: after ``backward()``, one blocking all-reduce per gradient. Nothing is sent
-  until backward is over, and every tensor pays a collective's fixed cost.
-- :class:`OverlappedDDP`: a hook on each parameter launches that gradient's all-reduce
-  (``async_op=True``) the moment backward has produced it, so communication overlaps the rest of
-  backward. Still one collective per tensor.
-- :class:`~gpulab.parallel.ddp.bucketed.BucketedDDP`: the hooks copy gradients into a few flat
-  buckets and launch one all-reduce per *full* bucket: overlap *and* few calls.
+- :class:`NaiveDDP`: after ``backward()``, one blocking all-reduce per gradient;
+- :class:`OverlappedDDP`: a hook per parameter launches that gradient's all-reduce
+  (``async_op=True``) as soon as backward produced it: communication overlaps backward;
+- :class:`~gpulab.parallel.ddp.bucketed.BucketedDDP`: the same in a few flat buckets.
 
-This is the design of ``torch.nn.parallel.DistributedDataParallel`` (Li et al., "PyTorch
-Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020), in the order that
-picotron (``DataParallelNaive`` / ``DataParallelBucket``) and Stanford CS336's systems assignment
-teach it. Use torch's DDP for real work; these exist to show what it does, and to be measured
-against it.
+Inside a rank started by :func:`gpulab.parallel.launch` (``pytest tests/parallel/ddp/test_allreduce.py``)::
 
-Usage (inside a rank started by :func:`gpulab.parallel.ddp.launch`)::
-
-    model = BucketedDDP(Net(), bucket_size_mb=1)     # or NaiveDDP(Net()), OverlappedDDP(Net())
-    loss_fn(model(inputs), targets).backward()
-    model.finish()                                   # all-reduce (naive) / already waited (the others)
-    optimizer.step()
+    model = OverlappedDDP(Net()); loss_fn(model(x), y).backward(); model.finish(); optimizer.step()
 """
 
 from __future__ import annotations

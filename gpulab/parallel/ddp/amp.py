@@ -1,25 +1,17 @@
-"""Mixed precision with torch.amp, for DDP ranks and single devices alike (lab 06).
+"""Mixed precision with torch.amp, for DDP ranks and single devices alike (lab 06's reference).
 
-NVIDIA Apex (``apex.amp``, ``apex.parallel.DistributedDataParallel``) is how 2019-era code got
-mixed precision and a DDP that tolerated some models; both are deprecated. Today the same job is
-``torch.autocast`` + ``torch.amp.GradScaler`` + ``torch.nn.parallel.DistributedDataParallel``
-(with ``find_unused_parameters=True`` for models with branches that some steps skip).
+``torch.autocast`` + ``torch.amp.GradScaler`` + torch DDP replace NVIDIA Apex (``apex.amp``,
+deprecated). Which 16-bit type (:func:`amp_settings`):
 
-Which 16-bit type:
+- **bfloat16** has float32's 8-bit exponent: gradients do not underflow, **no loss scaling**.
+  The default where the hardware computes it natively: CPUs, NVIDIA GPUs from Ampere on (8.0).
+- **float16** has a 5-bit exponent (values below about 6e-8 flush to zero) and needs
+  ``GradScaler``: the loss is scaled before backward, the gradients un-scaled before the step, and
+  a step whose gradients overflowed is skipped. For Volta or Turing GPUs (no native bf16).
 
-- **bfloat16** has float32's 8-bit exponent (and a 7-bit mantissa): anything float32 can hold,
-  bf16 can hold roughly, so gradients do not underflow and **no loss scaling** is needed. It is
-  the default where the hardware computes it natively: CPUs, and NVIDIA GPUs from Ampere on
-  (compute capability 8.0: A100, RTX 30xx, H100, ...).
-- **float16** has a 5-bit exponent: values below about 6e-8 flush to zero, and small gradients
-  do. It needs ``torch.amp.GradScaler``, which multiplies the loss before backward, un-scales the
-  gradients before the step, and skips a step whose gradients overflowed. Use it on older GPUs
-  (Volta V100, Turing T4: no native bf16), or where a library needs fp16.
-
-PyTorch's AMP documentation ("Automatic Mixed Precision package - torch.amp", and its
-"CUDA Automatic Mixed Precision examples" page) describes both; its gradient-scaling section says
-scaling is needed for float16 because of its range. Parameters and optimizer state stay float32
-throughout; only the forward's compute is cheaper.
+Parameters and optimizer state stay float32; only the forward's compute is cheaper
+(PyTorch's "Automatic Mixed Precision package - torch.amp"). Used by lab 06; tests:
+``pytest tests/parallel/ddp/test_amp.py``.
 """
 
 from __future__ import annotations

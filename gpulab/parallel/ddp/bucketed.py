@@ -1,27 +1,21 @@
-"""Bucketed, overlapped gradient all-reduce: what torch DDP's reducer does (lab 06's reference).
+"""Bucketed, overlapped gradient all-reduce: a simplified torch DDP reducer (lab 06's reference).
 
-:class:`~gpulab.parallel.OverlappedDDP` starts each gradient's all-reduce during backward, but
-pays one collective per tensor. Here gradients are packed into a few flat **buckets**, and a
-bucket's all-reduce starts (asynchronously) the moment its last gradient is ready:
+1. :func:`bucket_assignment` groups the parameters, **last to first** (the order backward makes
+   their gradients), into buckets of at most ``bucket_size_mb``;
+2. a ``register_post_accumulate_grad_hook`` per parameter copies its gradient into its slice of
+   the bucket's flat buffer;
+3. a full bucket's ``all_reduce(buffer, async_op=True)`` starts **in bucket order** (every rank
+   must call the same collectives in the same order);
+4. at the end of backward, buckets still waiting for an unused parameter go with zeros in its
+   place; every handle is waited for and the averages copied back into ``.grad``.
 
-1. :func:`bucket_assignment` groups the parameters, **last to first** (the order backward
-   produces their gradients), into buckets of at most ``bucket_size_mb``;
-2. a ``register_post_accumulate_grad_hook`` on every parameter copies its gradient into its
-   slice of the bucket's flat buffer;
-3. when a bucket is full, ``all_reduce(buffer, async_op=True)`` starts, **in bucket order**
-   (bucket i only after bucket i-1: every rank must call the same collectives in the same order);
-4. at the end of backward, buckets that are still waiting for a gradient that never came (an
-   unused parameter) are launched with zeros in its place; then every handle is waited for and the
-   averages are copied back into ``.grad``.
+Unused parameters follow torch DDP with ``find_unused_parameters=True`` (one more all-reduce
+counts the ranks that used each). Inside a rank: ``BucketedDDP(Net(), bucket_size_mb=1)``;
+``pytest tests/parallel/ddp/test_allreduce.py``.
 
-Unused parameters follow torch DDP with ``find_unused_parameters=True``: one more all-reduce
-sums, per parameter, how many ranks used it; a parameter **no** rank used keeps its ``.grad``
-untouched (None after ``zero_grad()``: the optimizer skips it, as in one process); one that
-*some* rank used gets the average, zeros counted for the ranks that did not use it.
-
-Torch's reducer (``torch/csrc/distributed/c10d/reducer.cpp``) also avoids the copy back by making
-each ``.grad`` a view of its bucket, but only with ``gradient_as_bucket_view=True``, which is not
-the default.
+Torch's reducer (``torch/csrc/distributed/c10d/reducer.cpp``) starts with one bucket (when
+``find_unused_parameters=False``), then rebuilds its buckets in the order the gradients were ready,
+closing a bucket once it *reaches* the cap, the first at 1 MiB: :mod:`gpulab.parallel.ddp.rebuild`.
 """
 
 from __future__ import annotations
@@ -78,6 +72,7 @@ class _Bucket:
 
     def __init__(self, params: list[nn.Parameter]):
         self.params = params
+        # (sum of numel,): every gradient of the bucket, flattened end to end
         self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
         offsets = [0]
         for p in params:
@@ -88,7 +83,7 @@ class _Bucket:
 
     def view(self, p: nn.Parameter) -> torch.Tensor:
         lo, hi = self.slices[id(p)]
-        return self.buffer[lo:hi].view_as(p)  # a view: writing it writes the bucket
+        return self.buffer[lo:hi].view_as(p)  # (numel,) -> p's shape; a view: writing it writes the bucket
 
 
 class BucketedDDP(DataParallelWrapper):

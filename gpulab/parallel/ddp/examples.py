@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from gpulab.parallel.ddp.startup import rank_device
+from gpulab.parallel.launcher.startup import rank_device
 
 __all__ = ["NUM_SAMPLES", "example_data", "token_data", "sgd_steps", "BranchyNet", "TiedEmbeddingNet",
            "torch_ddp_steps"]

@@ -61,7 +61,7 @@ def _world(num_replicas: Any, rank: Any) -> tuple[int, int]:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("num_replicas and rank were not given and no process group is initialised; "
                                "pass num_replicas=world_size, rank=rank, or call init_process_group first "
-                               "(gpulab.parallel.ddp.launch does that for you)")
+                               "(gpulab.parallel.launcher.launch does that for you)")
         num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
         rank = dist.get_rank() if rank is None else rank
     num_replicas, rank = _as_int(num_replicas, "num_replicas"), _as_int(rank, "rank")
@@ -168,7 +168,7 @@ class UnpaddedDistributedSampler(DistributedSampler):
         return iter(self.global_order()[self.rank :: self.num_replicas])
 
 
-# --- measuring the two traps (run these with gpulab.parallel.ddp.launch) ------------------------------
+# --- measuring the two traps (run these with gpulab.parallel.launcher.launch) ------------------------------
 
 def epoch_orders(rank: int, world_size: int, make_loader: Callable[..., Any], num_samples: int,
                  num_epochs: int, call_set_epoch: bool) -> list[list[int]]:
@@ -194,7 +194,7 @@ def distributed_accuracy(rank: int, world_size: int, correct: Sequence[bool], pa
     """
     import torch.distributed as dist
 
-    from gpulab.parallel.ddp.startup import rank_device
+    from gpulab.parallel.launcher.startup import rank_device
 
     cls = DistributedSampler if padded else UnpaddedDistributedSampler
     shard = list(cls(range(len(correct)), world_size, rank, shuffle=False))

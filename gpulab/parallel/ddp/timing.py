@@ -31,7 +31,7 @@ from torch import nn
 from gpulab.models import MLP
 from gpulab.parallel.ddp.allreduce import NaiveDDP, OverlappedDDP
 from gpulab.parallel.ddp.bucketed import BucketedDDP
-from gpulab.parallel.ddp.startup import rank_device
+from gpulab.parallel.launcher.startup import rank_device
 from gpulab.profiling.interleave import time_interleaved
 
 __all__ = ["StepTimingConfig", "deep_mlp", "time_sync_strategies", "summarize_step_times"]
@@ -95,7 +95,7 @@ def time_sync_strategies(rank: int, world_size: int, strategies: Sequence[str | 
     """Rank body: seconds per training step for each strategy (run it with ``launch``).
 
     Args:
-        rank, world_size: as passed by :func:`gpulab.parallel.ddp.launch`.
+        rank, world_size: as passed by :func:`gpulab.parallel.launcher.launch`.
         strategies: see the module docstring.
         cfg: sizes and step counts.
         cpu: also return this rank's CPU seconds per step, under ``"cpu:" + name``.

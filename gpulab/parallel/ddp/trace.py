@@ -30,8 +30,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpulab.parallel.ddp.startup import rank_device
 from gpulab.parallel.ddp.timing import StepTimingConfig, deep_mlp
+from gpulab.parallel.launcher.startup import rank_device
 
 __all__ = ["SyncEvent", "CollectiveRecorder", "trace_step", "trace_sync", "launched_before_last_gradient",
            "plot_sync_timeline"]
@@ -103,7 +103,7 @@ def trace_step(module: nn.Module, wrap: Callable[[nn.Module], nn.Module], inputs
 
 def trace_sync(rank: int, world_size: int, wrappers: Sequence[tuple[str, Callable[[nn.Module], nn.Module]]],
                cfg: StepTimingConfig | None = None, num_steps: int = 2) -> dict[str, list[SyncEvent]]:
-    """Rank body (for :func:`~gpulab.parallel.ddp.launch`): trace one step of each named wrapper.
+    """Rank body (for :func:`~gpulab.parallel.launcher.launch`): trace one step of each named wrapper.
 
     Args:
         rank, world_size: as passed by ``launch``.

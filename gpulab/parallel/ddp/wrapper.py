@@ -52,7 +52,7 @@ class DataParallelWrapper(nn.Module):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError(f"{type(self).__name__} needs an initialised process group; create it inside a rank "
-                               "started by gpulab.parallel.ddp.launch (or torchrun + init_process_group)")
+                               "started by gpulab.parallel.launcher.launch (or torchrun + init_process_group)")
         self.module = module
         self.group = process_group
         self.world_size = dist.get_world_size(process_group)

@@ -13,7 +13,7 @@ kernels on its own device. Three details make threads behave like the caller:
 - **An exception in a replica is re-raised in the caller**, with the replica's index and device
   in the message and the original chained, after every thread has finished (none is left running).
 
-A :class:`~gpulab.memory.MemoryMeter` active in the caller follows these threads by itself.
+A :class:`~gpulab.devices.MemoryMeter` active in the caller follows these threads by itself.
 
 Example::
 

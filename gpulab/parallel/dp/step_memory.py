@@ -2,7 +2,7 @@
 (the measurements of labs 04 and 05, and of ``benchmarks/dataparallel.py``).
 
 :func:`step_memory` runs forward, loss and backward once inside a
-:class:`~gpulab.memory.MemoryMeter` and returns its report: peak bytes per logical device, and their
+:class:`~gpulab.devices.MemoryMeter` and returns its report: peak bytes per logical device, and their
 imbalance (largest peak / smallest). :func:`fits_in_budget` asks the same with a per-device budget:
 does the step run, or does some device run out of memory? :func:`largest_batch` searches the
 largest batch size for which a predicate holds, by doubling and then bisection, so it needs about
@@ -34,9 +34,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from gpulab.devices import LogicalDevice, placement
+from gpulab.devices import LogicalDevice, MemoryMeter, MemoryReport, placement
 from gpulab.devices.validate import check_devices
-from gpulab.memory import MemoryMeter, MemoryReport
 from gpulab.memory.batch_size import bisect_largest
 from gpulab.models import LargeVocabHead
 from gpulab.parallel import comm
@@ -100,7 +99,7 @@ def step_memory(model: nn.Module, loss_fn: Callable[..., torch.Tensor], inputs: 
         budget: bytes per device; past it, ``torch.OutOfMemoryError`` is raised.
 
     Returns:
-        The meter's :class:`~gpulab.memory.MemoryReport` (``.rows``, ``.imbalance``, ``.plot()``).
+        The meter's :class:`~gpulab.devices.MemoryReport` (``.rows``, ``.imbalance``, ``.plot()``).
 
     Raises:
         torch.OutOfMemoryError: when a device would go past ``budget``.

@@ -1,30 +1,18 @@
-"""The pipeline bubble: what theory predicts, what a timeline measured, and a picture of both.
+"""The pipeline bubble: what theory predicts, what a timeline measured, and a picture of both (lab 07).
 
-A GPipe-style pipeline (Huang et al. 2019, "GPipe: Efficient Training of Giant Neural Networks
-using Pipeline Parallelism", arXiv 1811.06965) cuts a batch into M micro-batches and streams them
-through S stages. With equal stages taking t per micro-batch, the pass takes (M + S - 1) t: S - 1
-ticks to *fill* the pipe and as many to *drain* it. Each stage is busy M t of that time, so the
-idle share, the bubble, is
+GPipe (Huang et al. 2019, arXiv 1811.06965) streams M micro-batches through S stages. With equal
+stages of t each, a pass takes (M + S - 1) t: S - 1 ticks to fill and as many to drain, so each
+stage idles ``bubble_fraction = (S - 1) / (M + S - 1)`` of it (:func:`bubble_fraction`, lab 07's
+reference), and the speedup over the same micro-batches one after another is S M / (M + S - 1).
 
-    bubble_fraction = (S - 1) / (M + S - 1)
+- :func:`measured_bubble` reads the fraction off a :class:`StageEvent` timeline, and
+  :func:`plot_timeline` draws it as a Gantt chart;
+- :func:`replay` reschedules the measured events with free hand-offs: the bubble that unequal
+  stages alone give (in GPipe each pass fills and drains, so each needs balanced stages);
+- :func:`handoff_delays`: how long each stage sat ready with its input produced before it
+  started (queue wake-up, the GIL, the thread scheduler; on GPUs the copy): the other culprit.
 
-and the speedup over running the same micro-batches one after another is S M / (M + S - 1).
-More micro-batches shrink the bubble, but each costs a fixed overhead (a thread hand-off, a
-kernel launch, a smaller and less efficient operation): hence the U-shaped curve of step time
-against micro-batch size that the PyTorch model-parallel tutorial measures.
-
-:func:`measured_bubble` reads the same fraction off a :class:`StageEvent` timeline recorded by
-:class:`gpulab.parallel.PipelinedModel`, and :func:`plot_timeline` draws it as a Gantt chart.
-
-Where the measured bubble exceeds the formula, two things are to blame, and each is measured here:
-
-- **unequal stages** (:func:`replay`): the same work, each event as long as it was measured,
-  rescheduled with hand-offs that cost nothing; its bubble is what the stage durations alone
-  give. In GPipe the forward pass and the backward pass each fill and drain, so each pass needs
-  its *own* stages to be balanced: a cut whose forward halves are equal can leave the backward
-  halves at 1:2;
-- **hand-offs** (:func:`handoff_delays`): how long each stage sat ready, with its input already
-  produced, before it started (queue wake-up, the GIL, the thread scheduler; on GPUs the copy).
+Used by lab 07 and ``benchmarks/model_parallel.py``; ``pytest tests/parallel/pipeline/test_bubble.py``.
 """
 
 from __future__ import annotations

@@ -1,262 +1,117 @@
-"""Pipeline parallelism: keep every stage of a split model busy with micro-batches (lab 07).
+"""GPipe's training step, top to bottom: lab 07's exercise ``pipelined_train_step``, gpulab's version.
 
-A :class:`~gpulab.parallel.SplitModel` runs one device at a time. The PyTorch tutorial "Single-
-Machine Model Parallel Best Practices" fixes that by cutting each batch into micro-batches of
-``split_size`` rows: while device 1 works on micro-batch j, device 0 already works on j + 1. The
-tutorial measures, on two GPUs with ResNet-50, the naive split 7 % slower than one GPU,
-pipelining with ``split_size=20`` 49 % faster, and the best ``split_size=12`` 54 % faster.
-:class:`PipelinedModel` is that idea with the GPipe schedule (Huang et al. 2019, arXiv 1811.06965):
-every micro-batch's forward, fill and drain, then every micro-batch's backward, fill and drain.
+The batch is cut into micro-batches of ``split_size`` rows. One thread per stage, a queue into
+each: every micro-batch goes forward through the stages (stage i works on micro-batch j while
+stage i + 1 works on j - 1: fill, steady state, drain), then every one comes back, last stage
+first (Huang et al. 2019, "GPipe", arXiv 1811.06965). Each stage's graph starts at a detached
+leaf, so a stage back-propagates its own part and hands its input's ``.grad`` to the stage before.
 
-How the stages overlap depends on the devices:
+    loss = gpipe_train_step(list(split.stages), split.devices, x, y, split_size=8, timeline=events)
+    opt.step()
 
-- **Real GPUs** (every logical device on ``cuda``; :mod:`~gpulab.parallel.pipeline.streams`): one
-  host thread launches the work, each stage on its own CUDA stream; kernels are asynchronous, so
-  device 0 computes micro-batch j + 1 while device 1 computes j, as in the tutorial. Events order
-  each hand-off between streams. Backward is autograd's, which runs every op on its forward op's
-  stream (one autograd thread per GPU); hooks on each stage's autograd nodes record its backward
-  with CUDA events, so the timeline holds both passes on GPUs too.
-- **Logical devices sharing the CPU** (:mod:`~gpulab.parallel.pipeline.threads`): one Python
-  thread per device, with a queue into each. torch releases the GIL inside its kernels, so two
-  stages really compute at the same time on two cores. Backward is pipelined the same way: each
-  thread back-propagates its stages' part of each micro-batch's graph and hands the input
-  gradient to the stage before.
-
-**One sweep for the whole step** (:meth:`PipelinedModel.forward_backward`, CPU threads): the loss is
-computed per micro-batch on the last stage, so backward starts while later micro-batches still go
-forward, the step fills and drains once, and each device's forward and backward work share its
-time. With equal stages the bubble is GPipe's; it wins where a cut cannot balance each pass on its
-own (a ResNet's late blocks cost 2-3x more backward than forward, its stem less).
-
-**Interleaved stages**: a split whose devices repeat (``split_model(model, devices * 2, ...)``:
-four stages on devices 0, 1, 0, 1) gives each device two smaller stages. Fill and drain then take
-one small stage instead of half the model, so the bubble shrinks at the same micro-batch count
-(Megatron-LM's interleaved schedule, Narayanan et al. 2021, arXiv 2104.04473), for one more
-hand-off per micro-batch and device. On the CPU path a device thread runs its ready work from the
-earliest stage first (breadth-first, PyTorch's ``ScheduleLoopedBFS``). On GPUs each stage keeps its
-own stream, so two stages of one GPU may run at once.
-
-Warning:
-    Model each logical device as **one core**: run the compared variants inside
-    :func:`intra_op_threads(1) <gpulab.parallel.pipeline.timing.intra_op_threads>`.
-    ``torch.set_num_threads`` is process-wide, so without it a pipelined run puts two stages x
-    all cores of intra-op threads on the machine, and a single-device run gets every core for
-    itself: neither compares devices.
-
-Warning:
-    BatchNorm in training mode normalises each micro-batch with its own statistics, so a
-    pipelined model in ``train()`` mode computes (slightly) different outputs and running
-    statistics from the whole batch. In ``eval()`` mode, or with per-sample normalisation
-    (GroupNorm, LayerNorm), the results match. On the CPU path, gradients reach the parameters
-    through ``.backward()`` only (each stage accumulates into ``.grad`` itself):
-    ``torch.autograd.grad`` of a pipelined output is not supported.
+Run by lab 07 (notebooks/source/07_model_parallel) and ``pytest tests/parallel/pipeline/test_gpipe.py``.
+The general schedule engine (interleaved stages, forward and backward in one sweep, CUDA streams)
+is :mod:`~gpulab.parallel.pipeline.threads`, behind :class:`~gpulab.parallel.PipelinedModel`.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Callable
+import queue
+import threading
+import time
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 
-from gpulab.devices import LogicalDevice, placement
-from gpulab.devices import registry as _placement
+from gpulab.devices import LogicalDevice
 from gpulab.parallel import comm
 from gpulab.parallel.pipeline.bubble import StageEvent
-from gpulab.parallel.pipeline.split import SplitModel, device_lanes
-from gpulab.parallel.pipeline.streams import forward_streams
-from gpulab.parallel.pipeline.threads import StageThreads
 
-__all__ = ["PipelinedModel"]
+__all__ = ["gpipe_train_step"]
 
 
-def _concat(outs: list[torch.Tensor], device: LogicalDevice) -> torch.Tensor:
-    """The micro-batches' outputs as one batch on ``device``, tagged with it."""
-    with device:
-        out = torch.cat(outs)  # M x (rows_j, ...) -> (B, ...)
-    _placement.tag(out, device)
-    return out
+def gpipe_train_step(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], inputs: torch.Tensor,
+                     targets: torch.Tensor, split_size: int,
+                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+                     timeline: list[StageEvent] | None = None) -> float:
+    """One GPipe training step, without the optimizer; returns the batch's loss as a float.
 
-
-class _PipelineFunction(torch.autograd.Function):
-    """Autograd sees the whole pipeline as one op: forward and backward run the stage threads.
-
-    Why the parameters are inputs (``*params``) although ``forward`` never reads them: autograd
-    calls an op's ``backward`` only if one of its inputs requires grad. When ``x`` needs no
-    gradient (a model's first layer is fed data), the parameters are the only inputs that do;
-    without them the output would not require grad, ``loss.backward()`` would never reach the
-    pipeline, and no stage would get its gradients. ``backward`` still returns None for them:
-    each stage's own ``torch.autograd.backward`` accumulates into its parameters' ``.grad``.
-    """
-
-    @staticmethod
-    def forward(ctx, run: StageThreads, x: torch.Tensor, split_size: int, *params: torch.Tensor) -> torch.Tensor:
-        micro = list(x.detach().split(split_size))  # M views of (split_size, ...), the last maybe smaller
-        outs = run.forward(micro, grad=True, input_grad=x.requires_grad)
-        ctx.run, ctx.sizes, ctx.source = run, [m.size(0) for m in micro], placement(x)
-        return _concat(outs, run.devices[-1])  # (B, ...)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        grads = ctx.run.backward(list(grad.split(ctx.sizes)))  # (B, ...) -> M x (rows_j, ...)
-        # one gradient per forward input: run, x, split_size, then every parameter (None: the
-        # stages already accumulated theirs into .grad)
-        no_param_grads = [None] * (len(ctx.needs_input_grad) - 3)
-        if not ctx.needs_input_grad[1] or any(g is None for g in grads):
-            return None, None, None, *no_param_grads
-        with ctx.run.devices[0]:
-            grad_x = torch.cat(grads)  # (B, ...) on stage 0's device
-        return None, comm.to(grad_x, ctx.source), None, *no_param_grads
-
-
-class PipelinedModel(nn.Module):
-    """A :class:`SplitModel` fed with micro-batches, so that its stages work at the same time.
-
-    ``forward(x)`` cuts ``x`` into micro-batches of ``split_size`` rows along dim 0 (the last one
-    smaller when ``split_size`` does not divide the batch; one micro-batch when it is at least the
-    batch) and pipelines them through the stages. The output is the micro-batches' outputs
-    concatenated, on the last stage's device, as the split model would return it; ``backward``
-    sends gradients to every stage's parameters and to ``x``.
-
-    With ``overlap=False`` the same micro-batches run one after the other (same work, same
-    micro-batch sizes, no overlap): the fair baseline for the overlap speedup, because on a CPU a
-    smaller batch can be faster per sample on its own (it fits in the cache), and that gain is
-    not the pipeline's.
-
-    Args:
-        split: the stages and their devices (:func:`gpulab.parallel.split_model`).
-        split_size: rows per micro-batch (the tutorial's ``split_size``), a positive int.
-        overlap: pipeline the micro-batches (default) or run them one after the other.
-
-    Attributes:
-        timeline: the :class:`~gpulab.parallel.pipeline.bubble.StageEvent`\\ s of the last call (forward,
-            then backward once it ran), for :func:`~gpulab.parallel.pipeline.bubble.plot_timeline`.
+    Stage ``i`` runs on ``devices[i]``, each already there. ``loss_fn(outputs, targets)`` must be a
+    mean over the rows (as ``cross_entropy``): micro-batch j's loss is weighted by its share of the
+    rows. Gradients accumulate into ``.grad`` as ``loss.backward()`` would (nothing is zeroed); the
+    inputs get none. ``timeline`` (a list, or None) receives a :class:`StageEvent` per stage,
+    micro-batch and pass; on a GPU each ends once the device has finished the work.
 
     Raises:
-        TypeError: if ``split`` is not a SplitModel.
-        ValueError: if ``split_size`` is not a positive int.
-
-    Example::
-
-        pipe = PipelinedModel(split_model(model, logical_devices(2), balance="time", sample=x[:8]), 16)
-        print(pipe.mode)
-        with intra_op_threads(1):
-            loss_fn(pipe(x), y).backward()
+        ValueError: ``split_size`` is not a positive int, ``inputs`` has no rows, or the stages and
+            devices differ in number. A stage's own error is re-raised with a note naming it.
     """
+    if isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
+        raise ValueError(f"split_size is the number of rows per micro-batch and must be a positive int, got {split_size!r}")
+    if not isinstance(inputs, torch.Tensor) or inputs.dim() == 0 or inputs.size(0) == 0:
+        raise ValueError("gpipe_train_step needs a batch with at least one row along dim 0")
+    if len(stages) != len(devices):
+        raise ValueError(f"{len(stages)} stages but {len(devices)} devices: give one device per stage")
+    xs, ys = inputs.split(split_size), targets.split(split_size)  # M x (rows_j, ...), the last maybe smaller
+    num_stages, num_micro, rows = len(stages), len(xs), inputs.size(0)
+    acts = [queue.SimpleQueue() for _ in range(num_stages)]   # acts[i]: stage i's inputs, in micro-batch order
+    grads = [queue.SimpleQueue() for _ in range(num_stages)]  # grads[i]: the gradients of stage i's outputs
+    losses: list[torch.Tensor] = []
+    errors: list[BaseException] = []
+    t0 = time.perf_counter()
 
-    def __init__(self, split: SplitModel, split_size: int, *, overlap: bool = True) -> None:
-        super().__init__()
-        if not isinstance(split, SplitModel):
-            raise TypeError(f"PipelinedModel takes a SplitModel, got {type(split).__name__}: make one with "
-                            "gpulab.parallel.split_model(model, devices)")
-        if isinstance(split_size, bool) or not isinstance(split_size, int) or split_size < 1:
-            raise ValueError(f"split_size is the number of rows per micro-batch and must be a positive int, "
-                             f"got {split_size!r}")
-        self.split = split
-        self.split_size = split_size
-        self.overlap = bool(overlap)
-        self.timeline: list[StageEvent] = []
+    def done(i: int, j: int, phase: str, start: float) -> None:
+        """Note the end of a piece of work: on a GPU once its kernels finished, before it is handed on."""
+        if devices[i].physical.type == "cuda":
+            torch.cuda.synchronize(devices[i].physical)  # kernels are asynchronous: wait for the work itself
+        if timeline is not None:
+            timeline.append(StageEvent(i, j, phase, start - t0, time.perf_counter() - t0))
 
-    @property
-    def devices(self) -> list[LogicalDevice]:
-        """The logical device of each stage."""
-        return self.split.devices
+    def stage(i: int) -> None:
+        saved = []  # (input leaf, output or weighted loss) per micro-batch: the graph backward needs
+        phase, j = "forward", 0
+        try:
+            with torch.enable_grad(), devices[i]:  # grad mode and the current device are per thread
+                for j in range(num_micro):  # forward: fill, every stage busy, drain
+                    h = xs[j] if i == 0 else acts[i].get()
+                    if h is None:
+                        return  # another stage failed
+                    start = time.perf_counter()
+                    h = h.detach().requires_grad_(i > 0)  # this stage's graph starts at a leaf
+                    out = stages[i](comm.to(h, devices[i]))  # (rows_j, ...) -> (rows_j, ...) of the next stage
+                    if i == num_stages - 1:  # micro-batch j's loss, weighted by its share of the rows
+                        out = loss_fn(out, comm.to(ys[j], devices[i])) * (xs[j].size(0) / rows)
+                        losses.append(out.detach())
+                    saved.append((h, out))
+                    done(i, j, phase, start)
+                    if i < num_stages - 1:
+                        acts[i + 1].put(out.detach())
+                phase = "backward"
+                for j in range(num_micro):  # backward: the last stage first, gradients flow back
+                    g = None if i == num_stages - 1 else grads[i].get()  # (rows_j, ...), on the next device
+                    if i < num_stages - 1 and g is None:
+                        return
+                    start = time.perf_counter()
+                    h, out = saved[j]
+                    saved[j] = None  # free this micro-batch's activations
+                    if out.requires_grad:  # into this stage's .grad; h.grad: the gradient of its input
+                        torch.autograd.backward(out, g)
+                    done(i, j, phase, start)
+                    if i > 0:
+                        grads[i - 1].put(h.grad if h.grad is not None else torch.zeros_like(h))
+        except BaseException as err:  # re-raised in the caller's thread; nobody waits for this stage
+            err.add_note(f"raised in pipeline stage {i} (on {devices[i]!r}), micro-batch {j}, {phase}")
+            errors.append(err)
+            for q in acts + grads:
+                q.put(None)
 
-    @property
-    def uses_streams(self) -> bool:
-        """True on GPUs (CUDA streams, one host thread); False on the CPU (one thread per device)."""
-        return all(d.physical.type == "cuda" for d in self.devices)
-
-    @property
-    def mode(self) -> str:
-        """One line: how the stages overlap here, and whether the devices are real."""
-        stages = len(self.devices)
-        physical = list(dict.fromkeys(d.physical for d in self.devices))
-        shared = len(physical) < stages
-        how = "pipelined" if self.overlap else "micro-batches one after another (no overlap)"
-        if self.uses_streams:
-            where = (f"{stages} stages sharing {physical[0]}: simulated devices, the streams share one GPU" if shared
-                     else f"{stages} stages on {len(physical)} GPUs: real devices")
-            return f"CUDA streams, {how}: {where}"
-        threads = max(device_lanes(self.devices)) + 1
-        each = ("one thread each" if threads == stages else
-                f"interleaved on {threads} devices, one thread per device")
-        return (f"CPU threads, {how}: {stages} stages, {each}, sharing the CPU "
-                f"({torch.get_num_threads()} intra-op thread(s) per op): simulated devices")
-
-    def num_micro_batches(self, batch_size: int) -> int:
-        """How many micro-batches a batch of ``batch_size`` rows makes (the last may be smaller)."""
-        return math.ceil(batch_size / self.split_size)
-
-    def forward_backward(self, x: torch.Tensor, targets: torch.Tensor,
-                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
-                         ) -> float:
-        """A training step's forward, loss and backward, without the optimizer: the gradients of
-        ``loss_fn(self(x), targets)`` accumulate into the parameters' ``.grad`` (and into
-        ``x.grad`` where ``x`` requires one), and the loss is returned as a float.
-
-        ``loss_fn`` must be a mean over the rows (as ``cross_entropy`` is): each micro-batch's
-        loss is weighted by its share of the rows. On the CPU the loss is computed per micro-batch
-        on the last stage, so the backward of the first micro-batches starts while the last ones
-        still go forward: the step fills and drains once, and each device's forward and backward
-        work share its time (:meth:`StageThreads.forward_backward
-        <gpulab.parallel.pipeline.threads.StageThreads.forward_backward>`). With ``overlap=False``
-        the same work runs one micro-batch after the other (gradient accumulation). On GPUs it is
-        ``loss_fn(self(x), targets).backward()``: GPipe's two passes on streams.
-
-        Raises:
-            ValueError: as :meth:`forward`, ``targets`` without one row per row of ``x``, or an ``x``
-                that requires grad but is not a leaf (its graph goes on before the pipeline:
-                call ``loss_fn(pipe(x), targets).backward()`` instead).
-        """
-        self._check_batch(x)
-        if x.requires_grad and not x.is_leaf:
-            raise ValueError("forward_backward ends the backward at x, but x comes out of other ops that need its "
-                             "gradient: call loss_fn(pipe(x), targets).backward() instead")
-        if not isinstance(targets, torch.Tensor) or targets.dim() == 0 or targets.size(0) != x.size(0):
-            raise ValueError(f"targets need one row per input row: x has {x.size(0)} rows, targets are "
-                             f"{tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__}")
-        if self.uses_streams:
-            out = self(x)
-            loss = loss_fn(out, comm.to(targets, self.devices[-1]))
-            loss.backward()
-            return loss.item()
-        run = StageThreads(self.split.stages, self.devices, self.overlap)
-        self.timeline = run.timeline
-        losses, grads = run.forward_backward(list(x.split(self.split_size)), list(targets.split(self.split_size)),
-                                             loss_fn, input_grad=x.requires_grad)
-        if x.requires_grad and all(g is not None for g in grads):
-            with self.devices[0]:
-                grad_x = comm.to(torch.cat(grads), placement(x))  # (B, ...) on x's device
-            x.grad = grad_x if x.grad is None else x.grad + grad_x
-        return float(sum(loss.item() for loss in losses))
-
-    @staticmethod
-    def _check_batch(x: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.size(0) == 0:
-            raise ValueError(f"PipelinedModel needs a batch with at least one row along dim 0, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The split model's output for ``x`` (B rows), computed in micro-batches of ``split_size`` rows.
-
-        Raises:
-            ValueError: if ``x`` is not a tensor with at least one row along dim 0.
-        """
-        self._check_batch(x)
-        if self.uses_streams:
-            micro = list(x.split(self.split_size))  # M views of (split_size, ...), the last maybe smaller
-            outs, self.timeline = forward_streams(list(self.split.stages), self.devices, micro, self.overlap)
-            return _concat(outs, self.devices[-1])  # (B, ...)
-        run = StageThreads(self.split.stages, self.devices, self.overlap)
-        self.timeline = run.timeline  # the same list: backward appends its events to it
-        params = [p for p in self.split.parameters() if p.requires_grad]
-        if torch.is_grad_enabled() and (x.requires_grad or params):
-            # the parameters go in as inputs so that autograd calls the pipeline's backward (see
-            # _PipelineFunction)
-            return _PipelineFunction.apply(run, x, self.split_size, *params)
-        outs = run.forward(list(x.split(self.split_size)), grad=False, input_grad=False)
-        return _concat(outs, self.devices[-1])  # (B, ...)
+    threads = [threading.Thread(target=stage, args=(i,), daemon=True, name=f"gpulab-gpipe-stage{i}")
+               for i in range(num_stages)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(loss.item() for loss in losses)

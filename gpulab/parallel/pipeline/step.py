@@ -1,19 +1,14 @@
-"""One training step over micro-batches (lab 07): GPipe's, and the same work without overlap.
+"""Lab 07's baseline step on the general engine: :func:`micro_batch_step` (lab 07's graders).
 
-:func:`gpipe_train_step` is lab 07's exercise in gpulab's version: every micro-batch forward
-through the stages, then every one backward (Huang et al. 2019, "GPipe", arXiv 1811.06965), one
-thread per device. :func:`micro_batch_step` is the same step with ``overlap=False`` too: the
-lab's baseline, the same micro-batches one after the other.
-
-Both drive :class:`~gpulab.parallel.pipeline.threads.StageThreads` directly, on CPUs and GPUs
-alike (a :class:`~gpulab.parallel.PipelinedModel` uses CUDA streams on GPUs instead), and both
-return the timeline of both passes.
-
-Example::
+The same training step as :func:`~gpulab.parallel.pipeline.gpipe.gpipe_train_step`, driven by
+:class:`~gpulab.parallel.pipeline.threads.StageThreads` on CPUs and GPUs alike: with ``overlap``
+GPipe's schedule (a thread per device, so interleaved stages share one), without it the same
+micro-batches one after the other, in the caller's thread: the fair baseline for a speed-up.
 
     timeline = []
-    loss = gpipe_train_step(list(split.stages), split.devices, x, y, split_size=8, timeline=timeline)
-    opt.step()
+    loss = micro_batch_step(list(split.stages), split.devices, x, y, 8, timeline=timeline, overlap=False)
+
+Tests: ``pytest tests/parallel/pipeline/test_step.py`` (two GPUs on paper).
 """
 
 from __future__ import annotations
@@ -26,11 +21,11 @@ from torch import nn
 from gpulab.devices import LogicalDevice
 from gpulab.parallel import comm
 from gpulab.parallel.pipeline.bubble import StageEvent
-from gpulab.parallel.pipeline.gpipe import PipelinedModel, _concat
+from gpulab.parallel.pipeline.pipelined import PipelinedModel, _concat
 from gpulab.parallel.pipeline.split import SplitModel
 from gpulab.parallel.pipeline.threads import StageThreads
 
-__all__ = ["gpipe_train_step", "micro_batch_step"]
+__all__ = ["micro_batch_step"]
 
 
 def micro_batch_step(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], inputs: torch.Tensor,
@@ -40,8 +35,9 @@ def micro_batch_step(stages: Sequence[nn.Module], devices: Sequence[LogicalDevic
     """One training step over micro-batches, without the optimizer, on the thread schedule
     (:class:`~gpulab.parallel.pipeline.threads.StageThreads`) whatever the devices: with
     ``overlap``, GPipe's (every micro-batch forward, then every one backward, a thread per device);
-    without, the same work one micro-batch after the other. :func:`gpipe_train_step` is the first,
-    lab 07's baseline the second. The inputs get no gradient (the data needs none).
+    without, the same work one micro-batch after the other. The first is
+    :func:`~gpulab.parallel.pipeline.gpipe.gpipe_train_step` on the general engine, the second
+    lab 07's baseline. The inputs get no gradient (the data needs none).
 
     Why threads on GPUs too: this is the schedule lab 07's students write, and its graders meet
     the stages at barriers, which one host thread launching every stage can never reach. The
@@ -65,29 +61,3 @@ def micro_batch_step(stages: Sequence[nn.Module], devices: Sequence[LogicalDevic
     if timeline is not None:
         timeline.extend(run.timeline)
     return loss.item()
-
-
-def gpipe_train_step(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], inputs: torch.Tensor,
-                     targets: torch.Tensor, split_size: int,
-                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
-                     timeline: list[StageEvent] | None = None) -> float:
-    """One GPipe training step, without the optimizer: lab 07's exercise, gpulab's version.
-
-    Every micro-batch of ``split_size`` rows goes forward through the stages (stage ``i`` on
-    ``devices[i]``, a thread per device), then every one comes back through them, last stage
-    first; the gradients accumulate into the parameters' ``.grad`` as ``loss.backward()`` would
-    (nothing is zeroed). The same schedule on CPUs and GPUs (:func:`micro_batch_step`).
-
-    Args:
-        stages: the stages, each already on its device.
-        devices: one logical device per stage.
-        inputs: the batch, (B, ...).
-        targets: its targets, (B, ...).
-        split_size: rows per micro-batch.
-        loss_fn: ``loss_fn(outputs, targets)``, a mean over the rows (as ``cross_entropy``).
-        timeline: a list to append the step's :class:`StageEvent`\\ s to (forward and backward), or None.
-
-    Returns:
-        The batch's loss, a float.
-    """
-    return micro_batch_step(stages, devices, inputs, targets, split_size, loss_fn, timeline, overlap=True)

@@ -1,44 +1,18 @@
-"""The CPU schedule of :class:`gpulab.parallel.PipelinedModel`: one thread per device, a queue into each.
+"""The general CPU schedule engine behind :class:`gpulab.parallel.PipelinedModel` (lab 07's "More").
 
-GPipe (Huang et al. 2019, arXiv 1811.06965) runs every micro-batch's forward through the stages,
-then every micro-batch's backward in reverse. On logical devices that share the CPU each device is
-a Python thread; torch releases the GIL inside its kernels, so two devices really compute at the
-same time on two cores. One :class:`Sweep` is one such pass:
+A thread per device, a queue into each. One :class:`Sweep` is one pass of every micro-batch
+through a sequence of positions: the forward pass (stages 0 .. S-1), the backward pass (S-1 .. 0),
+or a whole step as one sweep of 2S positions (:meth:`StageThreads.forward_backward`: each
+micro-batch's backward starts as soon as its loss exists, so the step fills and drains once).
+A device thread runs its earliest ready position first (breadth-first, PyTorch's
+``ScheduleLoopedBFS``), so a device may hold **interleaved stages** (devices 0, 1, 0, 1: Megatron-LM,
+arXiv 2104.04473) and the bubble shrinks. Each stage's graph is cut at its input (a detached
+leaf); backward hands the leaf's ``.grad`` to the stage before. With ``overlap=False`` the same
+work runs in the caller's thread, one micro-batch after the other: the fair baseline.
 
-1. put every micro-batch in the queue of the first stage's device;
-2. each device thread takes work from its queue, does it, and puts the result in the queue of the
-   device of the next stage (stage s works on j while stage s + 1 works on j - 1);
-3. the caller joins the threads and reads the results of the last stage.
-
-**Interleaved stages** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
-GPU Clusters Using Megatron-LM", arXiv 2104.04473): a split whose devices repeat, e.g. four
-stages on devices 0, 1, 0, 1, gives each device two smaller stages. Filling and draining the pipe
-then takes one small stage, not half the model, so the bubble shrinks. A device thread with
-several pieces of work ready runs the one from the earliest stage of the pass first (then the
-lowest micro-batch): breadth-first (Lamy-Poirier 2022, arXiv 2211.05953; PyTorch's
-``ScheduleLoopedBFS``), which keeps the other device fed. With equal stages it reaches the
-interleaved bubble formula at every M (:mod:`~gpulab.parallel.pipeline.schedule` simulates it);
-running the deepest work first does not, at odd M. With one stage per device the order is plain
-first-in, first-out.
-
-**One pass for the whole step** (:meth:`StageThreads.forward_backward`): the loss is computed per
-micro-batch on the last stage, so micro-batch j's backward can start while later micro-batches
-are still going forward. The step is then one sweep of 2S positions (forward through the stages,
-backward through them in reverse), a device runs its earliest ready position first, so its
-forward work comes before its backward work, and only the step fills and drains once, not each
-pass. Each device's forward and backward work then share its time: only their sum needs to be
-balanced, not each pass apart (Megatron-LM's interleaved schedule also runs forward and backward
-in one pass, as 1F1B does, for memory; here the order is forward-first, which keeps every
-activation until its backward, as GPipe does).
-
-The forward work keeps each stage's graph, cut at every stage boundary: the next stage receives a
-detached leaf. The backward work back-propagates one stage's graph and hands the leaf's ``.grad``
-(the gradient of the stage's input) to the stage before. With ``overlap=False`` the same work
-runs in the caller's thread, one micro-batch after the other: the fair baseline.
-
-:mod:`~gpulab.parallel.pipeline.streams` is the same schedule on CUDA streams (PipelinedModel's on
-GPUs). This one runs on GPUs too (:mod:`~gpulab.parallel.pipeline.step`): each thread waits for its
-device's kernels before it notes the end of a piece of work and hands the result on.
+Lab 07's exercise, the plain GPipe step in one file, is :mod:`~gpulab.parallel.pipeline.gpipe`;
+:func:`run_in_stage_threads` (this engine's overlap) is masked while lab 07 is graded.
+Tests: ``pytest tests/parallel/pipeline/test_interleaved.py tests/parallel/pipeline/test_fused.py``.
 """
 
 from __future__ import annotations

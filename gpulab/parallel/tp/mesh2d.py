@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpulab.parallel.ddp.startup import rank_device
+from gpulab.parallel.launcher.startup import rank_device
 from gpulab.parallel.tp.dtensor import local_tensor, mlp_plan
 from gpulab.parallel.tp.mlp import feed_forward
 

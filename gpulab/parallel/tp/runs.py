@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from gpulab.parallel.ddp.startup import rank_device
+from gpulab.parallel.launcher.startup import rank_device
 from gpulab.parallel.tp.attention import SelfAttention, fuse_qkv
 from gpulab.parallel.tp.counting import CollectiveCounter
 from gpulab.parallel.tp.dtensor import local_tensor, parallelize

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from gpulab.parallel.ddp.startup import rank_device
+from gpulab.parallel.launcher.startup import rank_device
 from gpulab.parallel.tp.counting import CollectiveCounter
 from gpulab.parallel.tp.gather import gather_from_sequence, reduce_scatter_to_sequence
 from gpulab.parallel.tp.layers import shard_size

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from gpulab.parallel.ddp.startup import rank_device
+from gpulab.parallel.launcher.startup import rank_device
 from gpulab.parallel.tp.memory import grad_bytes, parameter_bytes, saved_activation_bytes
 from gpulab.parallel.tp.mlp import feed_forward
 

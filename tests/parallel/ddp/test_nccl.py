@@ -1,4 +1,4 @@
-"""The hand-written DDPs, ZeRO-1 and FSDP2 on 2 GPUs under NCCL train like one process on the whole
+"""The hand-written DDPs on 2 GPUs under NCCL train like one process on the whole
 batch (the CPU tests prove the same under gloo; these need 2+ GPUs and are skipped elsewhere).
 
 Tolerance: the reference is a single CPU process; GPU kernels sum in another order, so every
@@ -11,11 +11,9 @@ import pytest
 import torch
 
 from gpulab.parallel import launch, rank_device
-from gpulab.parallel.ddp.sharding_runs import measure_sharding, preload_sharding
 
 from .nets import Net, _data
 from .test_allreduce import WRAPPERS, _single_process, _train
-from .test_state_bytes import CFG, _single_process_params
 
 
 def _no_tf32() -> None:
@@ -37,11 +35,6 @@ def _wrappers_on_gpus(rank, world_size):
     return out
 
 
-def _sharding_on_gpus(rank, world_size, strategies, cfg):
-    _no_tf32()
-    return measure_sharding(rank, world_size, strategies, cfg)
-
-
 @pytest.mark.multigpu
 def test_the_hand_written_ddps_under_nccl_train_like_one_process():
     ref = _single_process(Net, _data())
@@ -49,18 +42,4 @@ def test_the_hand_written_ddps_under_nccl_train_like_one_process():
         for name, params in variants.items():
             for n, p in ref.named_parameters():
                 torch.testing.assert_close(params[n], p.detach(), rtol=1e-4, atol=1e-5,
-                                           msg=lambda m: f"rank {rank} {name} {n}: {m}")
-
-
-@pytest.mark.multigpu
-def test_zero1_and_fsdp2_under_nccl_train_like_one_process():
-    preload_sharding()
-    ref = _single_process_params()
-    per_rank = launch(_sharding_on_gpus, 2, args=(["ddp", "zero1", "torch_zero", "fsdp2"], CFG), backend="nccl",
-                      timeout=300, echo=False)
-    for rank, out in enumerate(per_rank):
-        for name, run in out.items():
-            assert run["bytes"]["cuda_peak"] is not None, f"{name}: a GPU run reports the allocator's peak"
-            for n, p in ref.items():
-                torch.testing.assert_close(run["params"][n], p.detach(), rtol=1e-4, atol=1e-5,
                                            msg=lambda m: f"rank {rank} {name} {n}: {m}")

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpulab.devices import logical_devices, placement
-from gpulab.memory import MemoryMeter
+from gpulab.devices import MemoryMeter, logical_devices, placement
 from gpulab.models import MLP
 from gpulab.parallel import DataParallel, DataParallelCriterion, DataParallelModel, comm
 

@@ -13,8 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from gpulab.devices import logical_devices, placement
-from gpulab.memory import MemoryMeter
+from gpulab.devices import MemoryMeter, logical_devices, placement
 from gpulab.models import resnet
 from gpulab.parallel import SplitModel, split_model
 from gpulab.parallel.pipeline.split import balanced_boundaries, layer_costs, model_layers

@@ -1,4 +1,4 @@
-"""gpulab.parallel.pipeline.step: GPipe's training step and its baseline on two GPUs on paper.
+"""gpulab.parallel.pipeline.gpipe and .step: GPipe's training step and its baseline on two GPUs on paper.
 
 The step runs on the thread schedule whatever the devices (tests/fake_cuda.py stands in for the
 GPUs: every op's devices are checked as CUDA checks them, and work can be queued as a GPU queues

@@ -12,8 +12,8 @@ from collections import Counter
 import torch
 
 from gpulab.devices.logical import LogicalDevice
+from gpulab.devices.meter_report import DeviceMemory, _oom_message, format_bytes
 from gpulab.devices.registry import Entry
-from gpulab.memory.report import DeviceMemory, _oom_message, format_bytes
 
 __all__: list[str] = []  # the package's own machinery: nothing here is public
 
@@ -31,7 +31,7 @@ class _Counts:
 
 
 class _Ledger:
-    """The counts of one :class:`~gpulab.memory.MemoryMeter`.
+    """The counts of one :class:`~gpulab.devices.MemoryMeter`.
 
     Args:
         budget: bytes per device, or None.

@@ -1,4 +1,4 @@
-"""gpulab.memory.report: the report's table, numbers and plots, and format_bytes."""
+"""gpulab.devices.meter_report: the report's table, numbers and plots, and format_bytes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import matplotlib
 import pytest
 import torch
 
-from gpulab.devices import logical_devices
-from gpulab.memory import MemoryMeter, MemoryReport, format_bytes
+from gpulab.devices import MemoryMeter, MemoryReport, format_bytes, logical_devices
 from gpulab.parallel import comm
 
 matplotlib.use("Agg")

@@ -1,6 +1,6 @@
 """How ranks start and meet: the backend, each rank's device and threads, fork or spawn, the port.
 
-The decisions :func:`gpulab.parallel.ddp.launch` makes before it starts a process, each one a
+The decisions :func:`gpulab.parallel.launcher.launch` makes before it starts a process, each one a
 function so it can be tested (and reused by a torchrun script) on its own:
 
 - :func:`resolve_backend`: lab 00's rule (:func:`gpulab.devices.choose_backend`) applied to this
@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from gpulab.devices.machine import MachineSpec, choose_backend, place_ranks
-from gpulab.parallel.ddp import _worker
+from gpulab.parallel.launcher import _worker
 
 __all__ = ["resolve_backend", "rank_device", "threads_per_rank"]
 

@@ -1,26 +1,19 @@
 """Gradient accumulation with ``no_sync``, and a counter of the collectives a rank calls (lab 09).
 
-A batch too large for memory is split into k micro-batches: k forward/backward passes add their
-gradients up in ``.grad`` (each loss divided by k, so the sum is the mean over the big batch),
-then one optimizer step. Under data parallelism, each backward pass would also all-reduce the
-gradients: k all-reduces where one is enough. ``no_sync()`` (torch DDP's, and
-:class:`~gpulab.parallel.NaiveDDP`'s / :class:`~gpulab.parallel.BucketedDDP`'s here) skips the
-all-reduce for the first k-1 micro-batches; the last backward, outside it, averages the
-accumulated sum once:
+k micro-batches add their gradients up in ``.grad`` (each loss divided by k), then one optimizer
+step. Under data parallelism each backward would also all-reduce: ``no_sync()`` (torch DDP's, and
+:class:`~gpulab.parallel.NaiveDDP`'s / :class:`~gpulab.parallel.BucketedDDP`'s) skips it for the
+first k-1 micro-batches, and the last backward averages the accumulated sum once:
 
-1. for micro-batches 0 .. k-2, inside ``model.no_sync()``: ``(loss_fn(model(x), y) / k).backward()``;
+1. micro-batches 0 .. k-2, inside ``model.no_sync()``: ``(loss_fn(model(x), y) / k).backward()``;
 2. micro-batch k-1, outside: the same, then ``model.sync_gradients()``;
 3. ``optimizer.step()``; ``optimizer.zero_grad()``.
 
-The parameters then equal one step on the k micro-batches together
-(tests/parallel/ddp/test_sharded.py), with k times fewer all-reduce calls, which
-:class:`count_collectives` counts.
-
-Usage::
+The parameters equal one step on the k micro-batches together, with k times fewer all-reduce
+calls (``pytest tests/parallel/sharding/test_zero1.py``)::
 
     with count_collectives() as calls:
         accumulation_step(model, optimizer, micro_batches, loss_fn)
-    calls["all_reduce"]     # NaiveDDP: one per parameter tensor; BucketedDDP: one per bucket
 """
 
 from __future__ import annotations
@@ -115,7 +108,7 @@ def torch_ddp_allreduce_calls(rank: int, world_size: int, micro_batches: int = 4
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from gpulab.parallel import rank_device  # the package's public name: here and after the reorganisation
+    from gpulab.parallel.launcher import rank_device
 
     device = rank_device(rank)
     torch.manual_seed(0)

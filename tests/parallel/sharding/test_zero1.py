@@ -16,9 +16,9 @@ from torch import nn
 
 from gpulab.models import MLP
 from gpulab.parallel import BucketedDDP, NaiveDDP, ShardedOptimizer, allreduce_gradients, bucket_assignment, launch
-from gpulab.parallel.ddp.accumulation import accumulation_step, count_collectives, torch_ddp_allreduce_calls
-from gpulab.parallel.ddp.sharded import balanced_owners
-from gpulab.parallel.ddp.state_bytes import optimizer_state_bytes
+from gpulab.parallel.sharding.accumulation import accumulation_step, count_collectives, torch_ddp_allreduce_calls
+from gpulab.parallel.sharding.state_bytes import optimizer_state_bytes
+from gpulab.parallel.sharding.zero1 import balanced_owners
 
 STEPS = 3
 BUCKET_MB = 200 * 4 / 2**20  # 200 floats: the 6 gradients make 3 buckets

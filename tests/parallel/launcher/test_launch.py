@@ -1,4 +1,4 @@
-"""gpulab.parallel.ddp.launch: ranks start (even for closures), report back in order, fail loudly and
+"""gpulab.parallel.launcher.launch: ranks start (even for closures), report back in order, fail loudly and
 leave no process behind.
 
 Every test that starts ranks uses fork (about 0.2 s a launch); one test pays for a real spawn.
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from gpulab.devices import cuda_device_count
 from gpulab.parallel import LaunchTimeoutError, RankFailedError, launch, rank_device, threads_per_rank
-from gpulab.parallel.ddp import startup
+from gpulab.parallel.launcher import startup
 
 
 def _descendants() -> list[psutil.Process]:

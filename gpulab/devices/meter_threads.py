@@ -1,6 +1,6 @@
 """Following threads: a MemoryMeter must see the work done in threads it did not start.
 
-A dispatch mode is thread-local: a :class:`~gpulab.memory.MemoryMeter` entered in the main thread
+A dispatch mode is thread-local: a :class:`~gpulab.devices.MemoryMeter` entered in the main thread
 sees nothing that DataParallel's replica threads do. And one mode instance must not be entered in
 several threads at once (its stack bookkeeping is per instance). So, while any meter is active,
 this module makes every thread that starts, and every task submitted to a

@@ -1,4 +1,4 @@
-"""gpulab.memory.ledger: live, peak and allocated bytes per device follow a written-out sequence of
+"""gpulab.devices.meter_ledger: live, peak and allocated bytes per device follow a written-out sequence of
 allocations, frees and resizes exactly; the budget refuses what would not fit (with CUDA's wording);
 a frozen ledger keeps its figures; the timeline records every change.
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from gpulab.devices import logical_devices
+from gpulab.devices.meter_ledger import _Ledger as Ledger
 from gpulab.devices.registry import Entry
-from gpulab.memory.ledger import _Ledger as Ledger
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""gpulab.parallel.ddp.launch under faults: it blames the rank that caused a failure (not the peer
+"""gpulab.parallel.launcher.launch under faults: it blames the rank that caused a failure (not the peer
 whose collective failed because of it), no process outlives a caller killed with SIGKILL, and
 RankFailedError keeps the rank's exception type (``except ValueError`` works around launch).
 
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from gpulab.parallel import RankFailedError, launch
-from gpulab.parallel.ddp.failures import blame, peer_lost, rank_failed_error, summary
+from gpulab.parallel.launcher.failures import blame, peer_lost, rank_failed_error, summary
 
 GLOO_PEER_GONE = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                   "[127.0.0.1]:46826. This is typically caused by a remote worker crashing. Check the logs "

@@ -1,4 +1,4 @@
-"""gpulab.memory.meter: MemoryMeter against analytic byte counts: a Linear layer, transfers, views, frees,
+"""gpulab.devices.meter: MemoryMeter against analytic byte counts: a Linear layer, transfers, views, frees,
 peaks, budgets, replicas in threads, backward attribution, nesting and misuse.
 
 Sizes are float32 (4 bytes): a (B, n) activation is B * n * 4 bytes of storage.
@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpulab.devices import logical_devices, placement
-from gpulab.memory import MemoryMeter
+from gpulab.devices import MemoryMeter, logical_devices, placement
 from gpulab.parallel import comm
 
 F32 = 4

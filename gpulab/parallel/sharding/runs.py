@@ -11,7 +11,7 @@ Every rank builds one copy of the same seeded MLP per strategy and trains it a f
   whose optimizer state is read from its ``local_optimizer`` attribute.
 
 After the last step (gradients still held) each rank counts its bytes with
-:func:`~gpulab.parallel.ddp.state_bytes.state_bytes`. Steps are timed from a barrier to the end of
+:func:`~gpulab.parallel.sharding.state_bytes.state_bytes`. Steps are timed from a barrier to the end of
 ``optimizer.step()``, the strategies interleaved step by step on the CPU; a step's time is the
 slower rank's. Run it with::
 
@@ -32,9 +32,9 @@ import torch.distributed as dist
 from torch import nn
 
 from gpulab.models import MLP
-from gpulab.parallel import rank_device
-from gpulab.parallel.ddp.sharded import ShardedOptimizer
-from gpulab.parallel.ddp.state_bytes import optimizer_state_bytes, state_bytes
+from gpulab.parallel.launcher import rank_device
+from gpulab.parallel.sharding.state_bytes import optimizer_state_bytes, state_bytes
+from gpulab.parallel.sharding.zero1 import ShardedOptimizer
 
 __all__ = ["ShardingConfig", "sharding_model", "measure_sharding", "summarize_sharding", "preload_sharding"]
 

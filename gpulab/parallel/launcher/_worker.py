@@ -1,4 +1,4 @@
-"""What runs inside each rank started by :func:`gpulab.parallel.ddp.launch` (internal).
+"""What runs inside each rank started by :func:`gpulab.parallel.launcher.launch` (internal).
 
 The parent (``launch.py``) picks the port, starts the ranks and supervises them; this module is the other
 half: in the child process it
@@ -36,7 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
-from gpulab.parallel.ddp import failures
+from gpulab.parallel.launcher import failures
 
 HOST = "127.0.0.1"
 

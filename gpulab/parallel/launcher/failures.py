@@ -1,4 +1,4 @@
-"""What :func:`gpulab.parallel.ddp.launch` raises when ranks fail, and which rank it blames.
+"""What :func:`gpulab.parallel.launcher.launch` raises when ranks fail, and which rank it blames.
 
 When one rank fails, the others fail soon after: a rank waiting in a collective gets "Connection
 closed by peer" once its partner has gone. Only the first failure is the cause, and :func:`blame`

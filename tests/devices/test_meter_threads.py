@@ -1,4 +1,4 @@
-"""gpulab.memory.threads: a MemoryMeter sees the work of threads and pools it did not start, each with its
+"""gpulab.devices.meter_threads: a MemoryMeter sees the work of threads and pools it did not start, each with its
 own mode, and a thread that outlives the meter is harmless."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from gpulab.devices import logical_devices
-from gpulab.memory import MemoryMeter
+from gpulab.devices import MemoryMeter, logical_devices
 
 
 @pytest.fixture

@@ -10,15 +10,14 @@ import torch
 from torch import nn
 
 from gpulab.parallel import launch
-from gpulab.parallel.ddp.sharded import balanced_owners
-from gpulab.parallel.ddp.sharding_runs import (
+from gpulab.parallel.sharding.runs import (
     ShardingConfig,
     measure_sharding,
     preload_sharding,
     sharding_model,
     summarize_sharding,
 )
-from gpulab.parallel.ddp.state_bytes import (
+from gpulab.parallel.sharding.state_bytes import (
     FP32_ADAM,
     MIXED_PRECISION_ADAM,
     bytes_per_parameter,
@@ -26,6 +25,7 @@ from gpulab.parallel.ddp.state_bytes import (
     state_bytes,
     tensor_bytes,
 )
+from gpulab.parallel.sharding.zero1 import balanced_owners
 
 CFG = ShardingConfig(width=32, depth=3, batch_size=8, num_steps=2, warmup=1, return_params=True)
 

@@ -2,7 +2,7 @@
 
 ``torch.cuda.memory_allocated`` reports nothing on a CPU, and one number for a GPU that several
 logical devices share. The meter counts memory itself: a ``TorchDispatchMode``
-(:mod:`gpulab.memory.attribution`) sees every aten op and its outputs; every output with a storage
+(:mod:`gpulab.devices.meter_attribution`) sees every aten op and its outputs; every output with a storage
 it has not seen is a new allocation, attributed to a logical device and watched with a weak
 reference that fires when the storage is really freed (a storage keeps its Python object alive
 while any tensor or view uses it: PyObject preservation, so the reference dies with the memory).
@@ -11,7 +11,7 @@ Attribution of a new storage: the destination of a ``gpulab.parallel.comm`` tran
 device of the op's inputs; else this thread's current device (``with dev:``); else device 0.
 Views are not counted twice; freed storages are subtracted. Threads started (and
 ``ThreadPoolExecutor`` tasks submitted) while the meter is active are followed, each in a mode of
-its own (:mod:`gpulab.memory.threads`); autograd's backward runs in the calling thread on the CPU,
+its own (:mod:`gpulab.devices.meter_threads`); autograd's backward runs in the calling thread on the CPU,
 and its ops are attributed from their inputs (gradients, saved tensors), so a gradient lands on the
 device of the tensor it belongs to.
 
@@ -37,19 +37,19 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from gpulab.devices import meter_threads as threads
 from gpulab.devices import registry as placement
 from gpulab.devices.logical import LogicalDevice
-from gpulab.devices.registry import LOCK, register, storage_of
-from gpulab.devices.validate import check_device, check_devices
-from gpulab.memory import threads
-from gpulab.memory.attribution import MeterMode
-from gpulab.memory.ledger import _Ledger
-from gpulab.memory.report import (
+from gpulab.devices.meter_attribution import MeterMode
+from gpulab.devices.meter_ledger import _Ledger
+from gpulab.devices.meter_report import (
     MemoryReport,
     _cuda_allocator_stats,
     format_bytes,
     plot_timeline,
 )
+from gpulab.devices.registry import LOCK, register, storage_of
+from gpulab.devices.validate import check_device, check_devices
 
 __all__ = ["MemoryMeter"]
 

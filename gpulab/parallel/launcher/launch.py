@@ -53,10 +53,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from gpulab.parallel.ddp import _worker, startup
-from gpulab.parallel.ddp._watchdog import Watchdog
-from gpulab.parallel.ddp._worker import RankConfig
-from gpulab.parallel.ddp.failures import (
+from gpulab.parallel.launcher import _worker, startup
+from gpulab.parallel.launcher._watchdog import Watchdog
+from gpulab.parallel.launcher._worker import RankConfig
+from gpulab.parallel.launcher.failures import (
     LaunchTimeoutError,
     RankFailedError,
     blame,
@@ -64,7 +64,7 @@ from gpulab.parallel.ddp.failures import (
     rank_failed_error,
     summary,
 )
-from gpulab.parallel.ddp.startup import (
+from gpulab.parallel.launcher.startup import (
     PORT_ATTEMPTS,
     _choose_start_method,
     resolve_backend,

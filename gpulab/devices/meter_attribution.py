@@ -1,6 +1,6 @@
 """Which storages an op created, and which logical device each one belongs to.
 
-:class:`MeterMode` is the ``TorchDispatchMode`` behind a :class:`~gpulab.memory.MemoryMeter`: it
+:class:`MeterMode` is the ``TorchDispatchMode`` behind a :class:`~gpulab.devices.MemoryMeter`: it
 runs each aten op, then looks at the outputs. An output whose storage is one of the inputs' (a
 view, an in-place result) or already known is not new. Views are recognised from the op's schema
 (``Tensor(a)`` returns alias an input) and by comparing storages, which also catches
@@ -28,8 +28,9 @@ import torch
 # __torch_dispatch__ tutorials import it from here); storages are keyed by ``_cdata`` as in registry.py
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpulab.devices import default_device, logical
+from gpulab.devices import logical
 from gpulab.devices.logical import LogicalDevice, current_device
+from gpulab.devices.physical import default_device
 from gpulab.devices.registry import ENTRIES, LOCK, default_for, register, storage_of
 
 __all__ = ["MeterMode"]

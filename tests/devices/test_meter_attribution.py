@@ -1,4 +1,4 @@
-"""gpulab.memory.attribution: which logical device a new storage belongs to (the current device, the
+"""gpulab.devices.meter_attribution: which logical device a new storage belongs to (the current device, the
 inputs' device, device 0), counted against analytic byte counts."""
 
 from __future__ import annotations
@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpulab.devices import logical_devices, placement
-from gpulab.memory import MemoryMeter
+from gpulab.devices import MemoryMeter, logical_devices, placement
 from gpulab.parallel import comm
 
 F32 = 4

@@ -1,4 +1,4 @@
-"""gpulab.parallel.ddp.startup: threads per rank, the backend rule, and the start method (fork unless CUDA
+"""gpulab.parallel.launcher.startup: threads per rank, the backend rule, and the start method (fork unless CUDA
 is initialised or the platform has none)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from gpulab.devices import MachineSpec
 from gpulab.parallel import rank_device, resolve_backend, threads_per_rank
-from gpulab.parallel.ddp import startup
+from gpulab.parallel.launcher import startup
 
 
 def test_threads_per_rank_divides_the_cores():
