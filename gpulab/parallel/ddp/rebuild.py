@@ -1,27 +1,17 @@
 """Buckets rebuilt from the order backward really produces the gradients, as torch DDP's reducer
-does after its first iteration (lab 06's reference, and a probe of torch's own reducer).
+does after its first iteration (lab 06, section 5c, where the reducer's steps are cited).
 
-Reverse registration order (:func:`~gpulab.parallel.ddp.bucketed.bucket_assignment`) is only a
-guess at the order of the gradients: a head registered first and used last, or branches that run
-in another order than they were defined, break it, and a bucket then waits for a gradient that
-comes late. Torch's reducer (``torch/csrc/distributed/c10d/reducer.cpp``, torch 2.13):
+Reverse registration order (:func:`~gpulab.parallel.ddp.bucketed.bucket_assignment`) only guesses
+that order. Torch 2.13 (``reducer.cpp``, ``nn/parallel/distributed.py``) starts with one bucket
+(``find_unused_parameters=False``), records the order in which gradients become ready during the
+first backward, then refills buckets in that order: a tensor joins the open bucket of its dtype and
+device, which closes once its size reaches the limit (1 MiB for the first, ``bucket_cap_mb`` = 25 MiB
+after).
 
-1. builds its first buckets in ``DistributedDataParallel.__init__``; with the default
-   ``find_unused_parameters=False`` that is **one** bucket holding every parameter
-   (``_BucketCapacityConfig.compute_bucket_size_limits`` in ``torch/nn/parallel/distributed.py``);
-   with ``find_unused_parameters=True``, reverse-order buckets that are never rebuilt
-   (``Reducer::should_rebuild_buckets`` in ``reducer.hpp``);
-2. during the first backward, records each parameter's index as its gradient becomes ready;
-3. at the next forward, ``Reducer::rebuild_buckets`` walks the parameters in that order and fills
-   buckets with ``compute_bucket_assignment_by_size``: a tensor joins the open bucket of its dtype
-   and device, and the bucket **closes once its size reaches** the limit (so it may pass it by one
-   tensor). The first limit is ``first_bucket_bytes_cap`` (1 MiB, ``dist._DEFAULT_FIRST_BUCKET_BYTES``,
-   when ``bucket_cap_mb`` is left at its default), the later ones ``bucket_cap_mb`` (25 MiB).
-
-:func:`ready_order` and :func:`rebuilt_buckets` are the exercise (masked while lab 06 is graded);
-:func:`torch_ddp_buckets` is a rank body for :func:`gpulab.parallel.launch` that reads the buckets
-torch's real reducer built, and :class:`OutOfOrderNet` a model whose gradients come out of
-registration order.
+The exercise (masked while lab 06 is graded): :func:`ready_order`, :func:`rebuilt_buckets`.
+Instruments: :func:`torch_ddp_buckets` (a rank body for :func:`gpulab.parallel.launch` that reads
+the buckets torch's real reducer built) and :class:`OutOfOrderNet` (gradients out of registration
+order). Run: ``pytest tests/parallel/ddp/test_rebuild.py``.
 """
 
 from __future__ import annotations

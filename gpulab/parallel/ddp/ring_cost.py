@@ -1,31 +1,17 @@
-"""The α–β cost of a ring all-reduce, fitted to measurements and used to choose a bucket size
-(lab 06's reference and instruments).
+"""The α–β cost of a ring all-reduce, fitted to measurements and used to choose a bucket size (lab 06).
 
-A ring all-reduce over N ranks is a reduce-scatter then an all-gather, each N − 1 steps in which
-every rank sends 1/N of the buffer to its neighbour. With α the fixed cost of one step (latency,
-the call's own overhead) and β the seconds per byte, a buffer of ``nbytes`` costs::
+    t(nbytes) = 2(N − 1)·α + 2(N − 1)/N · nbytes · β     # N ranks; α per step, β seconds per byte
 
-    t(nbytes) = 2(N − 1)·α + 2(N − 1)/N · nbytes · β
+(Thakur, Rabenseifner & Gropp, IJHPCA 2005; the ring: Patarasuk & Yuan, JPDC 2009.) One all-reduce
+per tensor pays α for each; one bucket pays it once but starts after backward's last gradient.
+:func:`predict_sync_seconds` replays a backward that produces gradients last layer first at a steady
+byte rate: with ``overlap=True`` (NCCL) a full bucket starts once the previous all-reduce ends; with
+``overlap=False`` (gloo ranks sharing cores with backward) the all-reduces add up after backward.
 
-(the α–β model: Thakur, Rabenseifner & Gropp, "Optimization of collective communication operations
-in MPICH", IJHPCA 2005; the ring: Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for
-clusters of workstations", JPDC 2009; nccl-tests' PERFORMANCE.md applies the same 2(N − 1)/N). Buckets trade the two terms: one
-collective per tensor pays α for each, one bucket for the whole model pays it once but cannot
-start before backward's last gradient. :func:`predict_sync_seconds` replays a backward pass that
-produces gradients last layer first at a steady byte rate and returns when the last all-reduce
-ends, in one of two regimes:
-
-- ``overlap=True`` (NCCL on GPUs: the network and the copy engines work while the SMs compute): a
-  bucket starts once it is full and the previous bucket's all-reduce has ended (one collective
-  at a time, in the order every rank calls them);
-- ``overlap=False`` (gloo ranks sharing CPU cores with backward): every all-reduce takes its time
-  from the same cores, so the costs add up after backward.
-
-:func:`best_bucket_size` picks the candidate that ends first.
-
-:func:`fit_alpha_beta`, :func:`predict_sync_seconds` and :func:`best_bucket_size` are the exercise
-(masked while lab 06 is graded); :func:`ring_allreduce_seconds`, :func:`allreduce_seconds` (a rank
-body for :func:`gpulab.parallel.launch`) and :func:`backward_seconds` are instruments.
+The exercise (masked while lab 06 is graded): :func:`fit_alpha_beta`, :func:`predict_sync_seconds`,
+:func:`best_bucket_size`. Instruments: :func:`ring_allreduce_seconds`, :func:`allreduce_seconds` (a
+rank body for :func:`gpulab.parallel.launch`), :func:`backward_seconds`.
+Run: ``pytest tests/parallel/ddp/test_ring_cost.py``; the derivation is in lab 06, section 5b.
 """
 
 from __future__ import annotations
