@@ -38,7 +38,7 @@ LABS: tuple[Lab, ...] = (
         "2 gloo processes on the CPU (gloo ranks keep CPU tensors, even beside a GPU)"),
     Lab("07_model_parallel", "model parallel and pipelining", "a split ResNet, micro-batches, the bubble", 2,
         "2 logical devices on the CPU, one thread each (simulated)"),
-    Lab("08_oom", "out of memory", "leaks, no_grad, max batch size, AMP, checkpointing, shape summary", 1,
+    Lab("08_oom", "out of memory", "leaks, no_grad, splitting a batch through OOM, AMP, checkpointing, shape summary", 1,
         "{physical}, memory metered by MemoryMeter under a budget"),
     Lab("09_sharding", "sharded data parallelism", "bytes per rank, ZeRO-1 written from scratch, no_sync accumulation, FSDP2", 2,
         "2 and 4 gloo processes on the CPU (gloo ranks keep CPU tensors, even beside a GPU)"),

@@ -12,7 +12,6 @@ measured in the kernel by gpulab's instruments; the tests pair each with checks 
 from __future__ import annotations
 
 import functools
-import random
 import sys
 from typing import Any, Callable
 
@@ -21,10 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode  # a private module; torch has no public path
 
-from gpulab.devices import default_device
-from gpulab.memory import batch_size
-from gpulab.memory.batch_size import bisect_largest, find_max_batch_size
+from gpulab.devices import MemoryMeter, default_device
+from gpulab.devices.registry import default_for
+from gpulab.memory import retry
 from gpulab.memory.loops import evaluate, train_epoch
+from gpulab.memory.retry import OOMRetry, step_or_split
 from gpulab.memory.savings import (
     Workload,
     bf16_step,
@@ -38,17 +38,19 @@ from gpulab.memory.savings import (
 from gpulab.models import SmallCNN
 
 __all__ = ["REFERENCES", "count_host_reads", "cnn", "cnn_batches", "Recorder", "epoch_case", "counted_epoch",
-           "eval_case", "no_grad_peak", "cnn_step", "memory_models", "search_cases", "reference_search",
+           "eval_case", "no_grad_peak", "split_net", "split_batch", "split_budget", "split_case",
+           "SplitPastOneSample", "reference_split",
            "workload", "step_peak", "savings_step", "fp32_direction", "checkpoint_case", "plain_case",
-           "recomputed", "flatten_features", "train_epoch", "evaluate", "find_max_batch_size", "bf16_step",
+           "recomputed", "flatten_features", "train_epoch", "evaluate", "step_or_split", "bf16_step",
            "checkpointed_forward", "fp32_step", "bf16_peak_bar"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask): the loops (exercises 1-2), the batch-size search with its inner try and its
-# bisection (exercise 3: the demo of section 8 says so while grading), and the bf16 and checkpointed
-# steps with the split (exercise 4). fp32_step stays: it is the float32 baseline the demos and the
-# tests measure, not an answer.
-REFERENCES: tuple = (train_epoch, evaluate, find_max_batch_size, batch_size._try, bisect_largest,
+# (gpulab.course.mask): the loops (exercises 1-2); the step that splits the batch on out-of-memory,
+# with its attempt, its gradient accumulation and oom_retry's class, which runs them (exercise 3:
+# the demo after it says so while grading); and the bf16 and checkpointed steps with the split
+# (exercise 4). fp32_step stays: it is the float32 baseline the demos and the tests measure, not an
+# answer. find_max_batch_size stays too: section 8 only demonstrates it (lab 05 grades the search).
+REFERENCES: tuple = (train_epoch, evaluate, step_or_split, retry._attempt, retry._accumulate, OOMRetry,
                      bf16_step, checkpointed_forward, checkpointed_step, segment_sizes)
 
 # Taken when this module is imported, before any student code runs: what the counter relies on.
@@ -205,75 +207,109 @@ def no_grad_peak(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> 
     return peak_memory(one, track=model)
 
 
-# ---- exercise 3: the batch-size search ----------------------------------------------------------
+# ---- exercise 3: a step through an out-of-memory error --------------------------------------------
 
-def cnn_step(batch_size: int) -> None:
-    """Section 8's step: one training step of a fresh SmallCNN on a random batch."""
+def split_net(seed: int) -> nn.Module:
+    """A small conv net in float64, weights drawn from ``seed``, on the default device.
+
+    No BatchNorm: its samples do not interact, so a step in micro-batches equals the whole batch's.
+    Its activations (about 66 kB a sample) outweigh its 7 kB of weights, so what fits depends on the
+    micro-batch. float64, so that no GPU rounds its convolutions to TF32 (cuDNN's default): the split
+    and the whole step then agree to about 1e-15, on any device."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return net.to(default_device(), torch.float64)
+
+
+def split_batch(seed: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch`` RGB 16x16 images (float64) and labels (10 classes), drawn from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
     device = default_device()
-    net = SmallCNN(channels=(16, 32)).to(device)
-    x = torch.randn(batch_size, 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (batch_size,), device=device)
-    F.cross_entropy(net(x), y).backward()
+    return (torch.randn(batch, 3, 16, 16, generator=g, dtype=torch.float64).to(device),
+            torch.randint(0, 10, (batch,), generator=g).to(device))
 
 
-def memory_models(rng: random.Random, n: int) -> list[tuple[int, int, int, int, int]]:
-    """``n`` cases ``(per_sample, fixed, lo, hi, budget)``: a step holding ``fixed + b * per_sample``
-    floats at once, and a budget in bytes that fits some batch sizes in ``[lo, hi]``. The cases take
-    turns: ``lo == hi``, ``hi`` fits, only ``lo`` fits, then the answer anywhere in between."""
-    cases = []
-    for i in range(n):
-        per, fixed = rng.randint(50, 4000), rng.choice([0, rng.randint(1, 50_000)])
-        lo = rng.choice([1, 1, rng.randint(2, 40)])
-        hi = lo if i % 4 == 0 else lo + rng.choice([rng.randint(1, 10), rng.randint(10, 1000)])
-        best = [lo, hi + rng.randint(0, 100), lo, rng.randint(lo, hi)][i % 4]
-        cases.append((per, fixed, lo, hi, 4 * (fixed + best * per) + rng.randint(0, 4 * per - 1)))
-    return cases
+def _held(seed: int, size: int) -> int:
+    """Peak bytes, the weights included, of two forward and backward passes on ``size`` samples:
+    what one micro-batch of that size needs once the gradients exist."""
+    net = split_net(seed)
+    x, y = split_batch(seed + 1, size)
+    meter = MemoryMeter(timeline=False)
+    dev = default_for(x.device)
+    meter.track(net, dev)
+    with meter:
+        for _ in range(2):
+            F.cross_entropy(net(x), y).backward()
+    return meter.peak(dev)
 
 
-def _memory_step(per: int, fixed: int, probes: list[int]) -> Callable[[int], None]:
-    device = default_device()
-
-    def step(b: int) -> None:
-        probes.append(b)
-        held = torch.empty(fixed, device=device)
-        rows = torch.empty(b, per, device=device)
-        del held, rows
-
-    return step
+def split_budget(seed: int, batch: int, fit: int) -> int:
+    """A budget in bytes under which a step on ``batch`` samples of :func:`split_net` fits in ``fit``
+    micro-batches and in no fewer: halfway between what the largest micro-batch of ``fit`` and of
+    ``fit - 1`` needs (``fit=1``: twice what the whole batch needs)."""
+    if fit == 1:
+        return 2 * _held(seed, batch)
+    return (_held(seed, -(-batch // fit)) + _held(seed, -(-batch // (fit - 1)))) // 2
 
 
-def search_cases(max_batch_size: Callable[..., Any], cases: list[tuple[int, int, int, int, int]], *,
-                 keywords: bool = False) -> tuple[dict[str, Any], list[str], int]:
-    """Run ``max_batch_size(step, lo, hi, budget)`` on every case of :func:`memory_models`.
+class SplitPastOneSample(Exception):
+    """Raised by :func:`split_case`'s loss function when a step keeps splitting past one sample a part."""
+
+
+def split_case(step_or_split: Callable[..., Any], seed: int, batch: int,
+               budget: int | None) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """One ``step_or_split(model, optimizer, loss_fn, inputs, targets)`` on :func:`split_net` and
+    ``batch`` seeded samples (SGD, lr 1, momentum 0.9), under ``MemoryMeter(budget)`` with the weights
+    counted.
 
     Returns:
-        ``(answers, stray, excess)``: the answer per case; the tries outside ``[lo, hi]``; and the most
-        tries past ``bit_length(hi - lo) + 3`` in any case (0 or less: a binary search).
+        ``(numbers, facts, live)``: ``{"loss": the loss it returned, "update": each parameter's
+        change}`` to compare within tolerance; ``{"types": the result's types, "micro-batches": the
+        split it reported, "optimizer steps": how many, "the last split covers the batch": whether
+        the last loss calls, as many as the split it reported, saw the batch's samples once}`` to
+        compare exactly; and the bytes still live after the call.
     """
-    answers: dict[str, Any] = {}
-    stray: list[str] = []
-    excess = -(10**9)
-    for per, fixed, lo, hi, budget in cases:
-        probes: list[int] = []
-        step = _memory_step(per, fixed, probes)
-        name = f"{fixed} + b * {per} floats, lo={lo}, hi={hi}, budget={budget}"
-        answers[name] = max_batch_size(step, lo, hi, budget=budget) if keywords else max_batch_size(step, lo, hi, budget)
-        stray += [f"{name}: tried {b}" for b in probes if not lo <= b <= hi]
-        excess = max(excess, len(probes) - ((hi - lo).bit_length() + 3))
-    return answers, stray[:5], excess
+    net = split_net(seed)
+    before = [p.detach().clone() for p in net.parameters()]
+    opt = torch.optim.SGD(net.parameters(), lr=1.0, momentum=0.9)
+    steps: list[int] = []
+    opt.register_step_post_hook(lambda *args: steps.append(1))
+    sizes: list[int] = []
+
+    def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        sizes.append(int(targets.shape[0]))
+        if sizes[-1] == 0 or len(sizes) > batch * (batch + 3) // 2:  # past one sample a part: it would never stop
+            raise SplitPastOneSample(f"step_or_split called loss_fn with {sizes[-1]} samples, after {len(sizes) - 1} "
+                                     f"calls on a batch of {batch}: stop splitting at one sample a part (and re-raise the "
+                                     "out-of-memory error there), and free each failed attempt before the next")
+        return F.cross_entropy(outputs, targets)
+
+    x, y = split_batch(seed + 1, batch)
+    meter = MemoryMeter(budget, timeline=False)
+    dev = default_for(x.device)
+    meter.track(net, dev)
+    with meter:
+        result = step_or_split(net, opt, loss_fn, x, y)
+    live = meter.live(dev)
+    split = result[1] if isinstance(result, tuple) and len(result) == 2 else None
+    covers = isinstance(split, int) and 0 < split <= len(sizes) and sum(sizes[-split:]) == batch
+    numbers = {"loss": result[0] if split is not None else result,
+               "update": [p.detach() - b for p, b in zip(net.parameters(), before)]}
+    facts = {"types": _types(result), "micro-batches": split, "optimizer steps": len(steps),
+             "the last split covers the batch": covers}
+    return numbers, facts, live
 
 
-def reference_search(cases: list[tuple[int, int, int, int, int]]) -> tuple[dict[str, Any], list[str]]:
-    """gpulab's ``(answers, stray tries)`` for :func:`search_cases` (only inside ``grading.by_reference``;
-    the search runs once for the same cases: each try that runs out of memory costs a ``gc.collect()``)."""
-    return _reference_search(tuple(cases))
+def reference_split(seed: int, batch: int, budget: int | None) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """gpulab's :func:`split_case` (only inside ``grading.by_reference``; run once per case)."""
+    return _reference_split(seed, batch, budget)
 
 
-@functools.lru_cache(maxsize=4)
-def _reference_search(cases: tuple[tuple[int, int, int, int, int], ...]) -> tuple[dict[str, Any], list[str]]:
-    answers, stray, _ = search_cases(lambda *a, **k: find_max_batch_size(*a, disable=True, **k), list(cases),
-                                     keywords=True)
-    return answers, stray
+@functools.lru_cache(maxsize=8)
+def _reference_split(seed: int, batch: int, budget: int | None) -> tuple[dict[str, Any], dict[str, Any], int]:
+    return split_case(step_or_split, seed, batch, budget)
 
 
 # ---- exercise 4: bf16 autocast and checkpointing --------------------------------------------------

@@ -5,8 +5,7 @@ give gpulab's references the right answers and tell wrong submissions from right
 
 from __future__ import annotations
 
-import random
-
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -114,32 +113,88 @@ def test_eval_case_records_no_grad_eval_mode_and_the_restored_flag() -> None:
     assert _verdict("close", bad_numbers, numbers, rtol=1e-5, atol=1e-6) is not None
 
 
-def test_memory_models_have_the_analytic_answer_and_the_reference_finds_it() -> None:
-    cases = lab08.memory_models(random.Random(2), 12)
-    answers, stray, excess = lab08.search_cases(lambda *a, **k: lab08.find_max_batch_size(*a, disable=True, **k), cases,
-                                                keywords=True)
-    want = {f"{fixed} + b * {per} floats, lo={lo}, hi={hi}, budget={budget}": min(hi, (budget // 4 - fixed) // per)
-            for per, fixed, lo, hi, budget in cases}
-    assert answers == want and stray == [] and excess <= 0
-    assert lab08.reference_search(cases[:2]) == (dict(list(want.items())[:2]), [])
-    kinds = [(a == c[2] == c[3], a == c[3] > c[2], a == c[2] < c[3]) for a, c in zip(answers.values(), cases)]
-    assert all(any(k[j] for k in kinds) for j in range(3))  # lo == hi, hi fits, only lo fits: all drawn
+def _split(scale_by_k: bool = False, step_each: bool = False, grow=lambda k: k + 1, keep_loss: bool = False,
+           keep_error: list | None = None):
+    """A student's step_or_split, right by default; each flag puts in one mistake."""
+    def gradients(model, loss_fn, x, y, k):
+        total = 0.0
+        for xs, ys in zip(torch.tensor_split(x, k), torch.tensor_split(y, k)):
+            loss = loss_fn(model(xs), ys) * (1 / k if scale_by_k else xs.shape[0] / x.shape[0])
+            loss.backward()
+            total += loss.item()
+        return total
 
-    def linear(step_fn, lo, hi, budget):
-        from gpulab.devices import MemoryMeter
-        b = lo
-        while b < hi:
+    def step_or_split(model, optimizer, loss_fn, x, y):
+        k = 1
+        while True:
+            optimizer.zero_grad(set_to_none=True)
             try:
-                with MemoryMeter(budget=budget):
-                    step_fn(b + 1)
-            except torch.OutOfMemoryError:
+                if keep_loss:  # the attempt in this frame: its last loss, with its graph, outlives the error
+                    total = 0.0
+                    for xs, ys in zip(torch.tensor_split(x, k), torch.tensor_split(y, k)):
+                        loss = loss_fn(model(xs), ys) * (xs.shape[0] / x.shape[0])
+                        loss.backward()
+                        total += loss.item()
+                    loss = total
+                else:
+                    loss = gradients(model, loss_fn, x, y, k)
                 break
-            b += 1
-        return b
+            except torch.OutOfMemoryError as err:
+                if k >= x.shape[0]:
+                    raise
+                if keep_error is not None:
+                    keep_error[:] = [err]  # the last failure: its traceback holds every frame of that attempt
+            k = grow(k)
+        if step_each:
+            for _ in range(k):
+                optimizer.step()
+        else:
+            optimizer.step()
+        return loss, k
 
-    assert lab08.search_cases(linear, cases[:4])[0] == dict(list(answers.items())[:4])
-    slow = [(100, 0, 1, 64, 4 * 100 * 40 + 5)]  # 40 fits: 40 tries where a bisection needs 9
-    assert lab08.search_cases(linear, slow)[1:] == ([], 40 - 9)
+    return step_or_split
+
+
+def test_split_budgets_force_the_split_and_the_reference_takes_the_unsplit_step() -> None:
+    for seed, batch, fit in ((1, 45, 4), (2, 40, 1)):
+        budget = lab08.split_budget(seed, batch, fit)
+        numbers, facts, live = lab08.reference_split(seed, batch, budget)
+        assert facts == {"types": ["tuple", ["float", "int"]], "micro-batches": fit, "optimizer steps": 1,
+                         "the last split covers the batch": True}
+        unsplit, unsplit_facts, unsplit_live = lab08.reference_split(seed, batch, None)
+        assert unsplit_facts["micro-batches"] == 1 and live == unsplit_live  # weights, gradients, momentum
+        assert _verdict("close", numbers, unsplit, rtol=1e-12, atol=1e-14) is None  # float64: to rounding
+        if fit > 1:  # the budget is far from both edges: a student's few extra tensors do not move the split
+            for margin in (0.9, 1.1):
+                assert lab08.split_case(lab08.step_or_split, seed, batch, int(budget * margin))[1]["micro-batches"] == fit
+
+
+def test_split_case_tells_a_right_step_from_each_mistake() -> None:
+    seed, batch, fit = 5, 46, 3  # 16, 15, 15: an uneven split
+    budget = lab08.split_budget(seed, batch, fit)
+    unsplit = lab08.reference_split(seed, batch, None)[0]
+    _, want, ref_live = lab08.reference_split(seed, batch, budget)
+
+    def judged(step):
+        numbers, facts, live = lab08.split_case(step, seed, batch, budget)
+        return (_verdict("close", numbers, unsplit, rtol=1e-5, atol=1e-6), _verdict("equal", facts, want),
+                _verdict("between", live, None, hi=1.5 * ref_live))  # as the test cell bounds it
+
+    assert judged(_split()) == (None, None, None)
+    close, equal, _ = judged(_split(scale_by_k=True))  # 1/3 is the wrong weight for parts of 16 and 15
+    assert close is not None and equal is None
+    close, equal, _ = judged(_split(step_each=True))
+    assert close is not None and "optimizer steps" in equal
+    assert "micro-batches" in judged(_split(grow=lambda k: 2 * k))[1]  # oom_retry's doubling: 1, 2, then 4, not 3
+    assert "micro-batches" in judged(_split(keep_loss=True))[1]  # the failed whole batch's graph is held: more splits
+    kept: list = []
+    assert judged(_split(keep_error=kept))[1:] != (None, None)  # the failed attempt, held: more splits, more live
+
+    def never_fits(model, optimizer, loss_fn, x, y):  # splits on forever, past one sample a part
+        for k in range(1, 10**6):
+            loss_fn(model(x[:0 if k > 3 else None]), y[:0 if k > 3 else None])
+    with pytest.raises(lab08.SplitPastOneSample, match="stop splitting at one sample"):
+        lab08.split_case(never_fits, seed, batch, None)
 
 
 def test_savings_step_bf16_keeps_the_direction_and_float32_gradients() -> None:

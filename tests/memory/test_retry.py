@@ -1,6 +1,7 @@
 """gpulab.memory.oom_retry: under a budget that the whole batch does not fit, training goes on in
 micro-batches, every step keeps its full effective batch, and the final parameters equal a run
-that never ran out of memory."""
+that never ran out of memory. step_or_split (lab 08's exercise 3): one such step, in the fewest
+micro-batches that fit, as a brute force over every split finds them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 
 from gpulab.devices import MemoryMeter, logical_devices
 from gpulab.memory import oom_retry, retry
+from gpulab.memory.retry import step_or_split
 from gpulab.models import MLP
 
 DEV = logical_devices(1, physical=["cpu"])[0]
@@ -128,6 +130,70 @@ def test_bad_inputs() -> None:
     step = oom_retry(model, opt, nn.CrossEntropyLoss())
     with pytest.raises(ValueError, match="same non-zero number of samples"):
         step(torch.randn(3, 4), torch.zeros(2, dtype=torch.long))
+
+
+def _fits_alone(model, x, y, k, budget) -> bool:
+    """Whether the gradients in ``k`` micro-batches fit ``budget`` in a fresh meter (nothing failed before)."""
+    m = copy.deepcopy(model)
+    meter = MemoryMeter(budget)
+    meter.track(m, DEV)
+    try:
+        with meter:
+            retry._accumulate(m, nn.CrossEntropyLoss(), x, y, k, "mean")
+        return True
+    except torch.OutOfMemoryError:
+        return False
+
+
+@pytest.mark.parametrize("budget_share", [1.0, 0.6, 0.35])
+def test_step_or_split_takes_the_unsplit_step_in_the_fewest_micro_batches_that_fit(budget_share) -> None:
+    torch.manual_seed(0)
+    model = MLP((64, 256, 10))
+    ref = copy.deepcopy(model)
+    x, y = _data(1, 301)[0]  # an odd batch: uneven splits
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    meter = MemoryMeter()
+    meter.track(ref, DEV)
+    with meter:
+        want_loss, want_k = step_or_split(ref, ref_opt, nn.CrossEntropyLoss(), x, y)
+    assert want_k == 1
+    budget = int(budget_share * meter.peak(DEV))
+    fewest = next(k for k in range(1, 302) if _fits_alone(model, x, y, k, budget))
+    loss_fn = CountingLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    meter = MemoryMeter(budget)
+    meter.track(model, DEV)
+    with meter:
+        loss, k = step_or_split(model, opt, loss_fn, x, y)
+    assert k == fewest and (k > 1) == (budget_share < 1)  # a failed attempt leaves the next one the whole budget
+    assert sum(loss_fn.seen[-k:]) == 301 and max(loss_fn.seen[-k:]) - min(loss_fn.seen[-k:]) <= 1
+    assert meter.live(DEV) == 3 * sum(p.numel() * 4 for p in model.parameters())  # weights, gradients, momentum
+    assert loss == pytest.approx(want_loss, rel=1e-6)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_step_or_split_raises_when_one_sample_does_not_fit_and_lets_other_errors_through() -> None:
+    torch.manual_seed(0)
+    model = MLP((64, 256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    meter = MemoryMeter(budget=120_000)  # the weights (77 kB) fit, their gradients too do not
+    meter.track(model, DEV)
+    with meter, pytest.raises(torch.OutOfMemoryError, match="split into 4 micro-batches"):
+        step_or_split(model, opt, nn.CrossEntropyLoss(), *_data(1, 4)[0])
+    assert all(p.grad is None for p in model.parameters())
+    boom = KeyError("a bug in the loss")
+
+    def bad_loss(outputs, targets):
+        raise boom
+
+    with pytest.raises(KeyError) as err:
+        step_or_split(model, opt, bad_loss, *_data(1, 4)[0])
+    assert err.value is boom
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
+        step_or_split(model, opt, nn.CrossEntropyLoss(reduction="none"), *_data(1, 4)[0])
+    with pytest.raises(ValueError, match="same non-zero number of samples"):
+        step_or_split(model, opt, nn.CrossEntropyLoss(), torch.randn(3, 64), torch.zeros(2, dtype=torch.long))
 
 
 class CublasLimited(nn.Module):
