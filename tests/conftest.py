@@ -7,7 +7,7 @@ the notebook pipeline tests, the layout test and the shared fixtures stay at thi
 Markers (see pyproject.toml): ``gpu`` and ``multigpu`` tests are skipped where torch cannot see
 enough CUDA devices; ``notebook`` marks the slow end-to-end lab runs (``make test-fast`` skips them).
 
-``make test`` runs the suite on two pytest-xdist workers, a file per worker at a time
+``make test TEST_WORKERS=2`` runs the suite on two pytest-xdist workers, a file per worker at a time
 (``--dist loadfile``), the heaviest files first: the lab pipelines on one worker while the other
 grades the adversarial class and then runs everything else. A lab's pipeline timings travel to the
 summary as the test's user properties, so they are printed with or without workers.
