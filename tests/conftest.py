@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
     seed = config.getoption("--shuffle")
     if seed is not None:
         random.Random(seed).shuffle(items)
-    else:  # a stable sort: the heavy files first, everything else in collection order
+    elif config.getoption("numprocesses", None):  # workers: the heavy files first (a stable sort)
         rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
         items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     gpus = cuda_device_count()
