@@ -10,7 +10,9 @@ and ``loss.item()`` still gives a number.
 
 Streams and events are host-side stand-ins. Kernels here run at once, on the CPU; work that a test
 wants *queued*, as a GPU queues it, is added with :meth:`FakeCuda.launch`: it ends ``seconds`` later
-and only ``synchronize`` (of the device, a stream or an event) waits for it. An event records when
+and only ``synchronize`` (of the device, a stream or an event) or a copy to the host (``.cpu()``,
+``.to("cpu")``) waits for it; ``copy_`` into a host tensor does not (a pinned, non-blocking copy).
+Every wait is noted in ``FakeCuda.syncs``. An event records when
 the work queued before it ends, so a timeline read from events measures the work, and a clock read
 without a synchronisation measures the launch.
 
@@ -285,6 +287,8 @@ class _Move(torch.autograd.Function):
     def forward(ctx, tensor: torch.Tensor, fake: FakeCuda, target: torch.device, dtype: torch.dtype | None,
                 memory_format: torch.memory_format) -> torch.Tensor:
         ctx.fake, ctx.source, ctx.dtype = fake, fake.device_of(tensor), tensor.dtype
+        if ctx.source.type == "cuda" and target.type == "cpu":
+            fake._drain(ctx.source.index)  # a copy to pageable host memory waits for the GPU's queue, as CUDA's does
         out = fake._original_to(tensor, dtype=dtype or tensor.dtype, copy=True, memory_format=memory_format)
         fake.place(out, target)
         return out

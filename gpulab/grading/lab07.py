@@ -33,15 +33,15 @@ tolerances of the comparisons with the CPU's float32 reference assume (:data:`FL
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from gpulab.devices import LogicalDevice, cuda_device_count, logical_devices
+from gpulab.grading.numerics import exact_float32
 from gpulab.parallel.pipeline import bubble_fraction, gpipe_train_step, micro_batch_step
 from gpulab.parallel.pipeline.pipelined import _concat
 from gpulab.parallel.pipeline.split import SplitModel, split_model
@@ -82,20 +82,6 @@ OVERLAPPED = "overlapped"
 #   IEEE float32 (exact_float32, around every call of run_with_timeout), as the CPU computes.
 FLOAT32_RTOL, FLOAT32_ATOL = 1e-4, 1e-5
 
-
-@contextlib.contextmanager
-def exact_float32() -> Iterator[None]:
-    """Float32 matrix products and convolutions in IEEE float32 inside the block, no TF32
-    (``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` False),
-    then both settings as they were. The settings are the process's, every thread's; on a CPU
-    they change nothing. See :data:`FLOAT32_RTOL` for why graded runs need it."""
-    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    saved = matmul.allow_tf32, cudnn.allow_tf32
-    matmul.allow_tf32 = cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        matmul.allow_tf32, cudnn.allow_tf32 = saved
 
 TrainStep = Callable[..., float]  # (stages, devices, inputs, targets, split_size, loss_fn, timeline=None)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

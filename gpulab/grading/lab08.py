@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # a private module; 
 
 from gpulab.devices import MemoryMeter, default_device
 from gpulab.devices.registry import default_for
+from gpulab.grading.numerics import exact_float32
 from gpulab.memory import retry
 from gpulab.memory.loops import evaluate, train_epoch
 from gpulab.memory.retry import OOMRetry, step_or_split
@@ -162,7 +163,8 @@ def epoch_case(train_epoch: Callable[..., Any], seed: int, steps: int) -> tuple[
     model = cnn(seed)
     loss_fn = Recorder(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    result = train_epoch(model, opt, loss_fn, cnn_batches(seed + 1, steps))
+    with exact_float32():  # on a GPU: no TF32, deterministic cuDNN, so two runs agree to float32's precision
+        result = train_epoch(model, opt, loss_fn, cnn_batches(seed + 1, steps))
     numbers = {"result": result, "parameters": [p.detach().clone() for p in model.parameters()]}
     return numbers, {"types": _types(result), "loss calls": loss_fn.calls}
 
@@ -185,10 +187,11 @@ def eval_case(evaluate: Callable[..., Any], seed: int, steps: int) -> tuple[dict
     data = cnn_batches(seed + 1, steps)
     loss_fn = Recorder(model)
     model.train()
-    result = evaluate(model, loss_fn, data)
-    after_train = model.training
-    model.eval()
-    evaluate(model, loss_fn, data[:1])
+    with exact_float32():
+        result = evaluate(model, loss_fn, data)
+        after_train = model.training
+        model.eval()
+        evaluate(model, loss_fn, data[:1])
     facts = {"types": _types(result), "training after evaluate (was training)": after_train,
              "training after evaluate (was in eval mode)": model.training, "loss calls": loss_fn.calls}
     return {"result": result}, facts

@@ -175,7 +175,10 @@ class OriginTracer(TorchDispatchMode):
         kept: list[tuple[CodeType, int]] = []
         # sys._getframe (CPython's, underscored but documented) is the calling frame without the
         # cost of building a traceback; 2 skips this method and __torch_dispatch__
-        frame: FrameType | None = sys._getframe(2)
+        try:
+            frame: FrameType | None = sys._getframe(2)
+        except ValueError:  # no user frames: on a GPU, backward's ops run in autograd's own C++ thread
+            return ()
         for _ in range(self.max_frames):  # walk outwards, through torch's frames too
             if frame is None or len(kept) >= self.max_kept:
                 break

@@ -9,11 +9,12 @@ import random
 
 import pytest
 
-from gpulab.grading import judge, lab10, lab10_asha
-from gpulab.grading.evidence import encode
+ray = pytest.importorskip("ray", reason="lab 10 needs the search extra: pip install -e '.[search]'")
 
-ray = pytest.importorskip("ray")
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler  # noqa: E402
+
+from gpulab.grading import judge, lab10, lab10_asha  # noqa: E402
+from gpulab.grading.evidence import encode  # noqa: E402
 
 
 def _verdict(kind: str, actual, expected, **params) -> str | None:

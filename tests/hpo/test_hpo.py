@@ -18,6 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytest.importorskip("ray", reason="lab 10 needs the search extra: pip install -e '.[search]'")
+
 from gpulab.devices import cuda_device_count
 from gpulab.grading import lab10 as grading_lab10
 from gpulab.hpo import (

@@ -151,6 +151,7 @@ def test_every_search_of_lab10_asks_ray_for_its_devices(machine):
 def test_on_a_real_gpu_a_baseline_trial_trains_on_its_own_gpu_and_a_packed_one_shares_it():
     """Ray with the machine's GPUs: the random search's trial (one GPU) and the packed search's
     trials (a quarter each) train on cuda:0 and see exactly one GPU; check_trial_devices agrees."""
+    pytest.importorskip("ray", reason="lab 10 needs the search extra: pip install -e '.[search]'")
     from ray import tune
 
     from gpulab.devices import cuda_device_count
