@@ -37,11 +37,11 @@ PORT    ?= 8888
 # make lab INSTRUCTOR=1: the course root with nbgrader's instructor tools (the default is the student's view)
 INSTRUCTOR ?=
 PYTEST_ARGS ?=
-# make test's workers (pytest-xdist): 0 runs everything in one process (the default: the labs' graded
-# speed checks compare with a reference run made while nothing else ran); TEST_WORKERS=2 runs a test
-# file per worker at a time, the heaviest first (tests/conftest.py), faster but those checks can lose
-# marks to the other worker's load
-TEST_WORKERS ?= 0
+# make test's workers (pytest-xdist): 2 runs a test file per worker at a time, the heaviest first
+# (tests/conftest.py). The labs' graded speed checks stay fair under the other worker's load: the
+# grader times a probe of its own beside every timed run and raises the baseline's cap by the load it
+# measures (gpulab.course.judge.load_factor). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: help setup lock setup-browser lab test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean hub-setup hub hub-release hub-collect hub-feedback test-hub
@@ -95,7 +95,7 @@ lock: | $(PY)  ## re-resolve requirements.lock from pyproject.toml + constraints
 lab: setup  ## release changed labs, copy new ones into work/, start JupyterLab (PORT=, INSTRUCTOR=1)
 	"$(PY)" -m gpulab.course.lab --course "$(COURSE)" --work "$(WORK)" --port $(PORT) $(if $(INSTRUCTOR),--instructor)
 
-test: setup  ## run the whole test suite (TEST_WORKERS=2 for two workers)
+test: setup  ## run the whole test suite on two workers (TEST_WORKERS=0: one process)
 	"$(PY)" -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup  ## the unit tests only (no notebook pipeline)

@@ -33,7 +33,7 @@ from traitlets import Integer, Unicode
 from gpulab.course import links
 from gpulab.course.execution import after_timeout
 from gpulab.course.isolation import kill_marked
-from gpulab.course.judge import Expected, Runs, judge_cell, run_seeds, schedule
+from gpulab.course.judge import Expected, Runs, judge_cell, probe_seconds, run_seeds, schedule
 from gpulab.course.kernel import MAX_MESSAGE_BYTES, JailedKernelManager
 from gpulab.grading.evidence import MIME
 
@@ -299,6 +299,8 @@ class SandboxedExecute(Execute):
             runs.error = "the cell announced its timed work with a malformed id"
             return runs
         for role, seed, timed in schedule(seeds):
+            if timed:  # the machine's load now, timed in this process (see gpulab.course.judge.load_factor)
+                runs.probes.append(probe_seconds())
             code = f"__import__('gpulab.grading.evidence', fromlist=['run_timed']).run_timed({ident}, {role!r}, {seed})"
             try:
                 wall, reply, records = run_sync(self._async_request)(code)

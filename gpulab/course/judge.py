@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,21 +52,52 @@ def schedule(seeds: dict[str, list[int]]) -> list[tuple[str, int, bool]]:
     return order
 
 
+# A busy machine slows a student's baseline runs as much as their own, and the reference run may
+# have had the machine to itself (another grading job, a second test worker, a login beside it).
+# The grader times a fixed piece of its own work before each timed run, in the reference run and
+# in the student's: the ratio of the medians raises the baseline's cap, by at most LOAD_LIMIT, so
+# that load costs no marks while a kernel that slows its baseline on purpose still gains little.
+LOAD_LIMIT = 1.6
+PROBE_ITERATIONS = 200_000  # about 10 ms of one core of a laptop
+
+
+def probe_seconds(n: int = PROBE_ITERATIONS) -> float:
+    """Wall time of ``n`` steps of a pure-Python loop in the grader's own process (one core; no
+    kernel's code can reach it): how busy the machine is now, as a time."""
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i * i
+    return time.perf_counter() - t0
+
+
+def load_factor(mine: "Runs", ref: "Runs") -> float:
+    """How much busier the machine was during ``mine``'s runs than during the reference's, from the
+    grader's probes: 1 with no probes, at most :data:`LOAD_LIMIT`, never below 1."""
+    if not mine.probes or not ref.probes:
+        return 1.0
+    return min(LOAD_LIMIT, max(1.0, statistics.median(mine.probes) / max(statistics.median(ref.probes), 1e-9)))
+
+
 @dataclass
 class Runs:
-    """What the grader measured of one timed check in one kernel."""
+    """What the grader measured of one timed check in one kernel (``probes``: :func:`probe_seconds`
+    before each timed run)."""
 
     times: dict[str, list[float]] = field(default_factory=lambda: {r: [] for r in ROLES})
     results: dict[str, list[Any]] = field(default_factory=lambda: {r: [] for r in ROLES})  # encoded
     cpus: int = 1
     error: str = ""      # why the runs stopped (a failed request, a missing result)
+    probes: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"times": self.times, "results": self.results, "cpus": self.cpus, "error": self.error}
+        return {"times": self.times, "results": self.results, "cpus": self.cpus, "error": self.error,
+                "probes": self.probes}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Runs":
-        return cls(data["times"], data["results"], int(data.get("cpus", 1)), data.get("error", ""))
+        probes = [float(p) for p in data.get("probes", []) if isinstance(p, (int, float)) and p > 0]
+        return cls(data["times"], data["results"], int(data.get("cpus", 1)), data.get("error", ""), probes)
 
     def median(self, role: str) -> float:
         return statistics.median(self.times[role])
@@ -74,7 +106,8 @@ class Runs:
 def speed_verdict(spec: dict[str, Any], mine: Runs, ref: Runs) -> tuple[str | None, str]:
     """(why the timed check fails or None, the figures measured): results equal to the reference
     run's, no candidate run under ``floor_s``, the baseline counted at most ``band`` x the reference
-    run's, and the reference's own speed-up as the bar below ``min_cores`` cores."""
+    run's (times the machine's :func:`load_factor`), and the reference's own speed-up as the bar below
+    ``min_cores`` cores."""
     what = spec.get("what") or "speed-up"
 
     def fail(detail: str) -> str:
@@ -101,12 +134,14 @@ def speed_verdict(spec: dict[str, Any], mine: Runs, ref: Runs) -> tuple[str | No
                     "its device work needs: the work was not done as written"), ""
     cand, base = mine.median("candidate"), mine.median("baseline")
     ref_base, ref_cand = ref.median("baseline"), ref.median("candidate")
-    band = float(spec.get("band", 1.25))
-    capped = min(base, band * ref_base)
+    band, load = float(spec.get("band", 1.25)), load_factor(mine, ref)
+    capped = min(base, band * load * ref_base)
     speedup = capped / max(cand, 1e-12)
     ref_speedup = ref_base / max(ref_cand, 1e-12)
+    busier = f" ({band:g} x {load:.2f}: the machine was {load:.2f}x as busy)" if load > 1.01 else ""
     figures = (f"yours {speedup:.2f}x ({cand * 1e3:.1f} ms vs baseline {base * 1e3:.1f} ms"
-               + (f", counted as {capped * 1e3:.1f} ms: at most {band:g} x the reference run's" if capped < base else "")
+               + (f", counted as {capped * 1e3:.1f} ms: at most {band * load:.2f} x the reference run's{busier}"
+                  if capped < base else "")
                + f"); reference {ref_speedup:.2f}x; {mine.cpus} core(s); timed by the grader")
     at_least = float(spec["at_least"])
     if speedup >= at_least:
