@@ -48,8 +48,9 @@ def amp_settings(device: torch.device | str, dtype: torch.dtype | None = None) -
     """
     device = torch.device(device)
     if dtype is None:
-        native_bf16 = device.type != "cuda" or torch.cuda.get_device_properties(device).major >= 8
-        dtype = torch.bfloat16 if native_bf16 else torch.float16
+        # bf16 in hardware on GPUs from Ampere on; a CPU without bf16 instructions converts to float32
+        bf16 = device.type != "cuda" or torch.cuda.get_device_properties(device).major >= 8
+        dtype = torch.bfloat16 if bf16 else torch.float16
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"dtype must be torch.bfloat16 or torch.float16 (mixed precision), got {dtype}")
     return AmpSettings(device.type, dtype, dtype == torch.float16)
