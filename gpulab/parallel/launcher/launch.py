@@ -1,42 +1,15 @@
 """Start ``world_size`` ranks from Python, even from a notebook: :func:`launch`.
 
-``torch.multiprocessing.spawn(main_worker, nprocs=n)`` is how the classic DDP tutorials start
-their ranks. Spawn starts fresh interpreters and sends them ``main_worker`` *by name*, so a
-function defined in a notebook cell fails with ``Can't get attribute 'main_worker' on <module
-'__main__'>``: the new interpreter has no notebook to find it in. It is also slow: every rank
-imports torch again (about 20 s for two ranks on a 2-core laptop).
+    launch(worker, 2)   # worker(rank, world_size) in each rank; returns [rank 0's value, rank 1's]
 
-The mechanism chosen here: **fork**. A forked rank is a copy of the caller's memory, so ``fn``
-needs no pickling (notebook functions, lambdas and closures all work) and torch is already
-imported (a 2-rank start takes well under a second). Fork has one rule: the CUDA driver does not
-survive it. :func:`launch` therefore
-
-- uses fork when the platform has it (Linux, macOS), and the ranks will not need CUDA or the
-  parent has not initialised it (``torch.cuda.is_available()`` counts: it calls ``cuInit``; set
-  ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` to check through NVML instead);
-- otherwise uses spawn (Windows; nccl ranks after CUDA was initialised here), which needs
-  ``fn`` and ``args`` to be picklable *and* importable: defined in a ``.py`` file, not in a
-  notebook. If they are not, it raises ``ValueError`` saying how to fix it, before starting
-  anything. Python >= 3.14 defaults to forkserver, which has the same needs as spawn; fork is
-  requested explicitly, so that default does not matter here.
-
-Rank 0 hosts the rendezvous (a ``TCPStore`` on 127.0.0.1 and a free port; if another process
-takes the port first, the ranks are stopped and started again on another one). The parent echoes each rank's output with a ``[rank r]`` prefix, and supervises: when a rank
-fails, the others are stopped at once and :class:`RankFailedError` carries the failing rank's
-traceback and exception type (``except ValueError`` works; the rank blamed is the cause, not a
-rank whose collective failed because its peer vanished: see ``failures.py``); when ``timeout``
-passes (a hung collective), every rank is stopped and :class:`LaunchTimeoutError` says where each
-one was waiting. No rank process (nor a DataLoader worker or subprocess it started) outlives
-:func:`launch`, nor its caller, even one killed with SIGKILL (see ``_watchdog.py``).
-
-Example (in a notebook cell)::
-
-    def worker(rank, world_size):
-        t = torch.ones(1) * rank
-        dist.all_reduce(t)
-        return t.item()
-
-    launch(worker, 2)   # [1.0, 1.0]
+``mp.spawn(main_worker, nprocs=n)`` cannot start a function defined in a notebook (a fresh
+interpreter looks it up by name in ``__main__``) and re-imports torch in every rank. ``launch``
+forks instead where it can, so notebook functions, lambdas and closures work and a 2-rank start
+takes well under a second; it spawns where fork cannot work (CUDA initialised here, Windows) and
+then says what must be importable. Each rank's output is echoed with a ``[rank r]`` prefix; a
+failing rank stops the others and raises :class:`RankFailedError` with its traceback; a hung
+collective raises :class:`LaunchTimeoutError` after ``timeout``. No rank outlives the call.
+The details of each choice are in the comment below the imports.
 """
 
 from __future__ import annotations
@@ -70,6 +43,23 @@ from gpulab.parallel.launcher.startup import (
     resolve_backend,
     threads_per_rank,
 )
+
+# How launch works, and why.
+# - fork: a forked rank is a copy of the caller's memory, so fn needs no pickling and torch is
+#   already imported. The CUDA driver does not survive a fork, so fork is used only when the ranks
+#   will not need CUDA or this process has not initialised it (torch.cuda.is_available() calls
+#   cuInit; PYTORCH_NVML_BASED_CUDA_CHECK=1 checks through NVML instead). Python >= 3.14 defaults to
+#   forkserver; fork is requested explicitly, so that default does not matter.
+# - spawn otherwise (Windows; nccl ranks after CUDA was initialised here): fn and args must be
+#   picklable and importable, defined in a .py file; if they are not, ValueError says how to fix it
+#   before anything starts.
+# - rendezvous: rank 0 hosts a TCPStore on 127.0.0.1 on a free port; if another process takes the
+#   port first, the ranks are stopped and started again on another one.
+# - failures: the rank blamed is the cause, not a rank whose collective failed because its peer
+#   vanished (failures.py); on a timeout every rank is stopped and the error says where each waited.
+# - no rank process (nor a DataLoader worker or subprocess it started) outlives launch, nor its
+#   caller, even one killed with SIGKILL (_watchdog.py).
+
 
 __all__ = ["launch", "RankFailedError", "LaunchTimeoutError"]
 
