@@ -205,9 +205,12 @@ def _hand_over(box: Path, student: str, sub: isolation.Submission) -> None:
 
 
 # The only variables of the grader's environment nbgrader and the kernel get (tokens, credentials stay out).
+# Where CUDA's libraries and tools are found (a cluster's `module load cuda`, a GPU image's driver
+# folder) is the machine's, not the student's: without it a graded kernel can lose the GPU, or
+# torch.compile its Triton launcher (libcuda, ptxas), while the instructor's own runs have them.
 ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_MESSAGES", "TZ", "TERM",
                "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "PYTHONPATH", "VIRTUAL_ENV",
-               "KINETO_LOG_LEVEL")
+               "KINETO_LOG_LEVEL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH")
 
 
 def _env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None = None) -> dict[str, str]:

@@ -35,9 +35,11 @@ def test_kernel_environment_is_an_allow_list(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-1")
     monkeypatch.setenv("GITHUB_TOKEN", "canary-2")
     monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/nvidia/lib64")  # where a GPU machine keeps libcuda
     env = _env(tmp_path, Limits(threads=2), seed=7)
     assert "canary-1" not in env.values() and "canary-2" not in env.values()
     assert env["LANG"] == "C.UTF-8" and env["GPULAB_SEED"] == "7" and env["GPULAB_GRADING"] == "graded"
+    assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
     assert env["HOME"].startswith(str(tmp_path)) and env["OMP_NUM_THREADS"] == "2"
 
 
