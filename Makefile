@@ -37,7 +37,7 @@ PORT    ?= 8888
 # make lab INSTRUCTOR=1: the course root with nbgrader's instructor tools (the default is the student's view)
 INSTRUCTOR ?=
 PYTEST_ARGS ?=
-# make test's workers (pytest-xdist): 2 runs a test file per worker at a time, the heaviest first
+# make test's workers (pytest-xdist): 2 runs a test file (or one lab's pipeline) per worker at a time, the heaviest first
 # (tests/conftest.py). The labs' graded speed checks stay fair under the other worker's load: the
 # grader times a probe of its own beside every timed run and raises the baseline's cap by the load it
 # measures (gpulab.course.judge.load_factor). TEST_WORKERS=0 runs everything in one process.
