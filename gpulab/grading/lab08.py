@@ -25,7 +25,7 @@ from gpulab.devices.registry import default_for
 from gpulab.grading.numerics import exact_float32
 from gpulab.memory import retry
 from gpulab.memory.loops import evaluate, train_epoch
-from gpulab.memory.retry import OOMRetry, step_or_split
+from gpulab.memory.retry import step_or_split
 from gpulab.memory.savings import (
     Workload,
     bf16_step,
@@ -47,12 +47,12 @@ __all__ = ["REFERENCES", "count_host_reads", "cnn", "cnn_batches", "Recorder", "
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
 # (gpulab.course.mask): the loops (exercises 1-2); the step that splits the batch on out-of-memory,
-# with its attempt, its gradient accumulation and oom_retry's class, which runs them (exercise 3:
-# the demo after it says so while grading); and the bf16 and checkpointed steps with the split
-# (exercise 4). fp32_step stays: it is the float32 baseline the demos and the tests measure, not an
-# answer. find_max_batch_size stays too: section 8 only demonstrates it (lab 05 grades the search).
-REFERENCES: tuple = (train_epoch, evaluate, step_or_split, retry._attempt, retry._accumulate, OOMRetry,
-                     bf16_step, checkpointed_forward, checkpointed_step, segment_sizes)
+# with its attempt and its gradient accumulation (exercise 3: the demo after it says so while
+# grading); and the bf16 and checkpointed steps with the split (exercise 4). fp32_step stays: it
+# is the float32 baseline the demos and the tests measure, not an answer. find_max_batch_size
+# stays too: section 8 only demonstrates it (lab 05 grades the search).
+REFERENCES: tuple = (train_epoch, evaluate, step_or_split, retry._attempt, retry._accumulate, bf16_step,
+                     checkpointed_forward, checkpointed_step, segment_sizes)
 
 # Taken when this module is imported, before any student code runs: what the counter relies on.
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default  # .item(), float(t), int(t), bool(t), f"{t:.3f}"

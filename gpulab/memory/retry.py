@@ -1,29 +1,23 @@
-"""oom_retry and step_or_split: a training step that survives out-of-memory by splitting the batch.
+"""step_or_split: a training step that survives out-of-memory by splitting the batch (lab 08's exercise 3).
 
 Gradient accumulation computes the gradient of a batch of B samples in ``k`` micro-batches:
 each micro-batch's loss is scaled by its share of the batch (``b_i / B`` for a mean loss) and
 ``backward`` adds its gradient into ``.grad``; one ``optimizer.step()`` follows. The sum is the
 full batch's gradient (up to float rounding), so the *effective* batch, and therefore the training,
-is the same; only the peak memory of activations drops, by about ``k``.
+is the same; only the peak memory of activations drops, by about ``k``. (Hugging Face Accelerate's
+``find_executable_batch_size`` shrinks the batch instead, which changes the training; this keeps it.)
 
-:func:`oom_retry` wraps a model, an optimizer and a loss into a step function. When a step runs
-out of memory it drops the partial gradients, frees what the failed attempt held, doubles the
-number of micro-batches and runs the *same* batch again: no step is lost or skipped, and later
-steps keep the split that worked. (Hugging Face Accelerate's ``find_executable_batch_size``
-shrinks the batch instead, which changes the training; this keeps it.)
-
-    step = oom_retry(model, optimizer, nn.CrossEntropyLoss())
     for inputs, targets in loader:
-        loss = step(inputs, targets)        # a float: the loss of the whole batch
-    print(step.micro_batches, step.events)  # how it had to split, and when
+        loss, micro_batches = step_or_split(model, optimizer, nn.CrossEntropyLoss(), inputs, targets)
 
-:func:`step_or_split` is the same recovery for one step, without state: it grows the split one at
-a time, so the split it reports is the fewest micro-batches that fit (lab 08's exercise 3).
+When a step runs out of memory, :func:`step_or_split` drops the partial gradients, frees what the
+failed attempt held, and runs the *same* batch again in one more micro-batch, so the split it
+reports is the fewest that fit. Out-of-memory counts as the allocator's ``torch.OutOfMemoryError``
+and as cuBLAS/cuDNN's plain ``RuntimeError`` (:func:`gpulab.memory.batch_size.is_out_of_memory`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -31,7 +25,7 @@ from torch import nn
 
 from gpulab.memory.batch_size import free_memory, is_out_of_memory
 
-__all__ = ["oom_retry", "OOMRetry", "OOMEvent", "step_or_split"]
+__all__ = ["step_or_split"]
 
 
 def _check_parts(model: Any, optimizer: Any, loss_fn: Any, reduction: str | None) -> str:
@@ -78,13 +72,12 @@ def _check_batch(inputs: Any, targets: Any) -> int:
     return batch
 
 
-def _give_up(batch: int, k: int, max_micro_batches: int | None) -> Callable[[str], BaseException]:
-    """The error to raise when ``k`` micro-batches were the most allowed and still ran out of memory."""
+def _give_up(batch: int) -> Callable[[str], BaseException]:
+    """The error to raise when even one sample per micro-batch ran out of memory."""
     return lambda message: torch.OutOfMemoryError(
-        f"out of memory even with the batch of {batch} split into {k} micro-batches "
-        f"(max_micro_batches={max_micro_batches}): {message}. What stays between steps "
-        "(the model, its gradients, the optimizer state) may not fit: a smaller model, or a "
-        "bigger budget/GPU")
+        f"out of memory even with the batch of {batch} split into {batch} micro-batches (one sample "
+        f"each): {message}. What stays between steps (the model, its gradients, the optimizer state) "
+        "may not fit: a smaller model, or a bigger budget/GPU")
 
 
 def _attempt(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, inputs: torch.Tensor,
@@ -109,95 +102,15 @@ def _attempt(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callab
     return None, message
 
 
-@dataclass
-class OOMEvent:
-    """One out-of-memory that the step recovered from."""
-
-    step: int  # the step (0-based) that ran out of memory, and was then completed
-    batch_size: int
-    micro_batches: int  # the split it ran out of memory with
-    retried_with: int  # the split it tried next
-    message: str  # the first line of the OutOfMemoryError
-
-
-@dataclass
-class OOMRetry:
-    """A training step that splits the batch into micro-batches when it runs out of memory.
-
-    Call it with ``(inputs, targets)``; it returns the batch's loss as a float. Build it with
-    :func:`oom_retry`.
-
-    Attributes:
-        micro_batches: the split used now (1 until the first out-of-memory).
-        events: every out-of-memory recovered from.
-        steps: optimizer steps completed.
-
-    Warning:
-        The result equals the unsplit step only for models whose samples do not interact:
-        BatchNorm computes its statistics per micro-batch, and dropout draws different random
-        numbers. An out-of-memory raised by ``optimizer.step()`` itself (optimizer state) is not
-        retried: splitting the batch cannot help it.
-    """
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    loss_fn: Callable
-    max_micro_batches: int | None = None
-    reduction: str | None = None
-    micro_batches: int = 1
-    events: list[OOMEvent] = field(default_factory=list)
-    steps: int = 0
-
-    def __post_init__(self) -> None:
-        self.reduction = _check_parts(self.model, self.optimizer, self.loss_fn, self.reduction)
-        if self.max_micro_batches is not None and (not isinstance(self.max_micro_batches, int)
-                                                   or self.max_micro_batches < 1):
-            raise ValueError(f"max_micro_batches must be an int >= 1 or None, got {self.max_micro_batches!r}")
-
-    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        batch = _check_batch(inputs, targets)
-        limit = min(batch, self.max_micro_batches or batch)
-        while True:
-            k = min(self.micro_batches, limit)
-            loss, message = _attempt(self.model, self.optimizer, self.loss_fn, inputs, targets, k, self.reduction,
-                                     _give_up(batch, k, self.max_micro_batches) if k >= limit else None)
-            if loss is not None:
-                break
-            self.micro_batches = min(2 * k, limit)
-            self.events.append(OOMEvent(self.steps, batch, k, self.micro_batches, message))
-        self.optimizer.step()
-        self.steps += 1
-        return loss
-
-
-def oom_retry(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, *,
-              max_micro_batches: int | None = None, reduction: str | None = None) -> OOMRetry:
-    """A step function ``step(inputs, targets) -> float`` that retries out-of-memory in micro-batches.
-
-    Args:
-        model, optimizer, loss_fn: the training step's parts (``loss_fn(outputs, targets)``).
-        max_micro_batches: the most chunks a batch may be split into (default: one sample each).
-        reduction: "mean" or "sum", how ``loss_fn`` combines samples (default: its ``.reduction``,
-            else "mean"); it sets how micro-batch losses are scaled.
-
-    Returns:
-        An :class:`OOMRetry`; call it once per batch.
-
-    Raises:
-        TypeError, ValueError: for parts of the wrong kind, or a bad reduction.
-    """
-    return OOMRetry(model, optimizer, loss_fn, max_micro_batches=max_micro_batches, reduction=reduction)
-
-
 def step_or_split(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable, inputs: torch.Tensor,
                   targets: torch.Tensor, *, reduction: str | None = None) -> tuple[float, int]:
     """One optimizer step on the whole batch, in the fewest micro-batches that fit in memory.
 
     Tries the batch whole, then in 2, 3, ... micro-batches (``torch.tensor_split``), freeing what
     each failed attempt held before the next; only splits that make the largest micro-batch
-    smaller are tried. Unlike :func:`oom_retry` it keeps no state between steps and grows the
-    split by one, not by doubling: the split it returns is the smallest that fits (memory grows
-    with the micro-batch), at the cost of more failed attempts.
+    smaller are tried. The split grows by one, not by doubling: the split it returns is the smallest
+    that fits (memory grows with the micro-batch), at the cost of more failed attempts. (In a long
+    run, start the next step from the split that worked, so that later steps do not fail first.)
 
     Args:
         model, optimizer, loss_fn: the training step's parts (``loss_fn(outputs, targets)``).
@@ -217,7 +130,7 @@ def step_or_split(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: C
     k = 1
     while True:
         loss, _ = _attempt(model, optimizer, loss_fn, inputs, targets, k, reduction,
-                           _give_up(batch, k, None) if k == batch else None)
+                           _give_up(batch) if k == batch else None)
         if loss is not None:
             optimizer.step()
             return loss, k

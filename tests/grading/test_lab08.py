@@ -185,7 +185,7 @@ def test_split_case_tells_a_right_step_from_each_mistake() -> None:
     assert close is not None and equal is None
     close, equal, _ = judged(_split(step_each=True))
     assert close is not None and "optimizer steps" in equal
-    assert "micro-batches" in judged(_split(grow=lambda k: 2 * k))[1]  # oom_retry's doubling: 1, 2, then 4, not 3
+    assert "micro-batches" in judged(_split(grow=lambda k: 2 * k))[1]  # a doubling split: 1, 2, then 4, not 3
     assert "micro-batches" in judged(_split(keep_loss=True))[1]  # the failed whole batch's graph is held: more splits
     kept: list = []
     assert judged(_split(keep_error=kept))[1:] != (None, None)  # the failed attempt, held: more splits, more live

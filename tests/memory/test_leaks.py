@@ -65,6 +65,24 @@ def test_a_steady_training_loop_is_not_flagged(mlp) -> None:
     assert all(len(s.steps) == 1 for s in finder.report().sites)
 
 
+def test_growth_per_step_is_what_torch_profiler_nets_in_each_step(mlp) -> None:
+    """Lab 08, section 3: LeakFinder and torch.profiler (profile_memory=True, a record_function range
+    per step) see the same leak: the live bytes grow by exactly each step's allocated minus freed."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    loss_fn = nn.CrossEntropyLoss()
+    with LeakFinder(track=mlp) as finder, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        total = 0
+        for x, y in finder.watch(_batches(6)):
+            with record_function("step"):
+                total = total + loss_fn(mlp(x), y)  # keeps every batch's graph alive
+    steps = sorted((e for e in prof.events() if e.name == "step"), key=lambda e: e.time_range.start)
+    net = [e.cpu_memory_usage for e in steps]
+    assert len(net) == 6 and net[1] > 16 * 64 * F32  # at least the hidden activations, kept every step
+    assert [b - a for a, b in zip(finder.history, finder.history[1:])] == net[1:]
+    del total
+
+
 def test_one_off_allocations_are_not_a_leak() -> None:
     keep = []
     with LeakFinder() as finder:

@@ -1,7 +1,6 @@
-"""gpulab.memory.oom_retry: under a budget that the whole batch does not fit, training goes on in
-micro-batches, every step keeps its full effective batch, and the final parameters equal a run
-that never ran out of memory. step_or_split (lab 08's exercise 3): one such step, in the fewest
-micro-batches that fit, as a brute force over every split finds them."""
+"""gpulab.memory.retry.step_or_split (lab 08's exercise 3): under a budget that the whole batch does
+not fit, the step goes on in micro-batches, the fewest that fit (as a brute force over every split
+finds them), and leaves the parameters of the step that never ran out of memory."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import torch
 from torch import nn
 
 from gpulab.devices import MemoryMeter, logical_devices
-from gpulab.memory import oom_retry, retry
+from gpulab.memory import retry
 from gpulab.memory.retry import step_or_split
 from gpulab.models import MLP
 
@@ -37,43 +36,6 @@ class CountingLoss(nn.Module):
         return nn.functional.cross_entropy(outputs, targets, reduction=self.reduction)
 
 
-def _train(model, data, budget, loss_fn):
-    lr = 0.1 if loss_fn.reduction == "mean" else 0.1 / 2048  # a summed loss: gradients 2048x larger
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    step = oom_retry(model, opt, loss_fn)
-    meter = MemoryMeter(budget)
-    meter.track(model, DEV)
-    with meter:
-        losses = [step(x, y) for x, y in data]
-    return step, losses, meter
-
-
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_same_parameters_as_a_run_without_oom(reduction) -> None:
-    torch.manual_seed(0)
-    model = MLP((64, 256, 10))
-    ref = copy.deepcopy(model)
-    data = _data()
-    ref_step, ref_losses, ref_meter = _train(ref, data, None, CountingLoss(reduction))
-    assert ref_step.micro_batches == 1 and not ref_step.events
-    budget = int(ref_meter.peak(DEV) * 0.6)  # the whole batch's activations no longer fit
-    loss_fn = CountingLoss(reduction)
-    step, losses, meter = _train(model, data, budget, loss_fn)
-
-    assert step.events and step.events[0].step == 0 and step.micro_batches > 1
-    assert step.steps == len(data)  # no step lost
-    assert meter.peak(DEV) <= budget
-    # the effective batch: every step saw all 2048 samples, in micro-batches after the first OOM
-    split = step.micro_batches
-    per_step = [2048] * len(data)
-    seen = loss_fn.seen[-(split * (len(data) - 1)):]
-    assert [sum(seen[i * split:(i + 1) * split]) for i in range(len(data) - 1)] == per_step[1:]
-    assert max(seen) <= 2048 // split + 1
-    torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-5)
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-
-
 def test_accumulation_equals_the_whole_batch_gradient() -> None:
     torch.manual_seed(0)
     model = MLP((8, 16, 3))
@@ -81,7 +43,7 @@ def test_accumulation_equals_the_whole_batch_gradient() -> None:
     grads = []
     for k in (1, 3, 10):  # uneven micro-batches too: 4, 3, 3
         m = copy.deepcopy(model)
-        loss = retry._accumulate(m, nn.CrossEntropyLoss(), x, y, k, "mean")  # what oom_retry runs per split
+        loss = retry._accumulate(m, nn.CrossEntropyLoss(), x, y, k, "mean")  # what step_or_split runs per split
         grads.append((loss, [p.grad.clone() for p in m.parameters()]))
     for loss, g in grads[1:]:
         assert loss == pytest.approx(grads[0][0], rel=1e-6)
@@ -89,47 +51,35 @@ def test_accumulation_equals_the_whole_batch_gradient() -> None:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_out_of_memory_even_one_sample_at_a_time() -> None:
+def test_a_summed_loss_is_split_without_rescaling() -> None:
+    """reduction="sum": each micro-batch's loss is added as it is; the step equals the unsplit one."""
     torch.manual_seed(0)
     model = MLP((64, 256, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    step = oom_retry(model, opt, nn.CrossEntropyLoss(), max_micro_batches=4)
-    meter = MemoryMeter(budget=200_000)  # not even the gradients fit
+    ref = copy.deepcopy(model)
+    x, y = _data(1, 300)[0]
+    meter = MemoryMeter()
+    meter.track(ref, DEV)
+    with meter:
+        want_loss, _ = step_or_split(ref, torch.optim.SGD(ref.parameters(), lr=1e-4), nn.CrossEntropyLoss(reduction="sum"), x, y)
+    meter = MemoryMeter(int(0.6 * meter.peak(DEV)))
     meter.track(model, DEV)
-    with meter, pytest.raises(torch.OutOfMemoryError, match="split into 4 micro-batches") as err:
-        step(*_data(1, 64)[0])
-    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
-    assert all(p.grad is None for p in model.parameters())  # nothing half-done left behind
-    assert [e.micro_batches for e in step.events] == [1, 2]
+    with meter:
+        loss, k = step_or_split(model, torch.optim.SGD(model.parameters(), lr=1e-4), nn.CrossEntropyLoss(reduction="sum"), x, y)
+    assert k > 1 and loss == pytest.approx(want_loss, rel=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-def test_other_errors_pass_through_unchanged() -> None:
-    boom = ValueError("shape bug")
-
-    def bad_loss(outputs, targets):
-        raise boom
-
-    model = MLP((4, 2))
-    step = oom_retry(model, torch.optim.SGD(model.parameters(), lr=0.1), bad_loss)
-    with pytest.raises(ValueError) as err:
-        step(torch.randn(3, 4), torch.zeros(3, dtype=torch.long))
-    assert err.value is boom and not step.events
-
-
-def test_bad_inputs() -> None:
+def test_parts_of_the_wrong_kind_name_the_fix() -> None:
     model = MLP((4, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
-        oom_retry(model, opt, nn.CrossEntropyLoss(reduction="none"))
+    x, y = torch.randn(3, 4), torch.zeros(3, dtype=torch.long)
     with pytest.raises(TypeError, match="nn.Module"):
-        oom_retry(lambda x: x, opt, nn.CrossEntropyLoss())
+        step_or_split(lambda t: t, opt, nn.CrossEntropyLoss(), x, y)
     with pytest.raises(TypeError, match="Optimizer"):
-        oom_retry(model, None, nn.CrossEntropyLoss())
-    with pytest.raises(ValueError, match="max_micro_batches"):
-        oom_retry(model, opt, nn.CrossEntropyLoss(), max_micro_batches=0)
-    step = oom_retry(model, opt, nn.CrossEntropyLoss())
-    with pytest.raises(ValueError, match="same non-zero number of samples"):
-        step(torch.randn(3, 4), torch.zeros(2, dtype=torch.long))
+        step_or_split(model, None, nn.CrossEntropyLoss(), x, y)
+    with pytest.raises(TypeError, match="tensors"):
+        step_or_split(model, opt, nn.CrossEntropyLoss(), x.tolist(), y)
 
 
 def _fits_alone(model, x, y, k, budget) -> bool:
@@ -211,12 +161,15 @@ class CublasLimited(nn.Module):
 
 
 def test_a_cublas_out_of_memory_is_retried_like_the_allocators() -> None:
-    """cuBLAS and cuDNN report out-of-memory as a plain RuntimeError: oom_retry let it through and the
-    step was lost (issue 39, smaller items)."""
+    """cuBLAS and cuDNN report out-of-memory as a plain RuntimeError: it must split the batch too, or
+    the step is lost (issue 39, smaller items)."""
+    torch.manual_seed(0)
     model = CublasLimited(fits=3)
-    step = oom_retry(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss())
-    step(torch.randn(8, 4), torch.zeros(8, dtype=torch.long))
-    assert step.micro_batches == 4 and "CUBLAS_STATUS_ALLOC_FAILED" in step.events[0].message
+    x, y = torch.randn(8, 4), torch.zeros(8, dtype=torch.long)
+    with torch.no_grad():
+        want = nn.functional.cross_entropy(model.linear(x), y).item()
+    loss, k = step_or_split(model, torch.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), x, y)
+    assert k == 3 and loss == pytest.approx(want, rel=1e-6)  # 8 fails, then 4 + 4, then 3 + 3 + 2 fits
 
 
 def test_a_runtime_error_that_is_not_out_of_memory_passes_through() -> None:
@@ -226,10 +179,10 @@ def test_a_runtime_error_that_is_not_out_of_memory_passes_through() -> None:
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (3x4 and 5x2)")
 
     model = MLP((4, 2))
-    step = oom_retry(model, torch.optim.SGD(model.parameters(), lr=0.1), shape_bug)
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
-        step(torch.randn(3, 4), torch.zeros(3, dtype=torch.long))
-    assert not step.events
+        step_or_split(model, torch.optim.SGD(model.parameters(), lr=0.1), shape_bug,
+                      torch.randn(3, 4), torch.zeros(3, dtype=torch.long))
+    assert all(p.grad is None for p in model.parameters())
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory")) and is_out_of_memory(
         RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")) and not is_out_of_memory(ValueError("out of memory"))
 
@@ -243,7 +196,7 @@ def test_find_max_batch_size_counts_a_cublas_failure_as_not_fitting() -> None:
 
 
 @pytest.mark.gpu
-def test_oom_retry_survives_a_real_cuda_out_of_memory() -> None:
+def test_step_or_split_survives_a_real_cuda_out_of_memory() -> None:
     """The caching allocator capped at 2 GiB: a batch whose activations need about 3 GiB runs out, and
     the same batch goes through in micro-batches, with the whole batch's loss."""
     import math
@@ -258,10 +211,8 @@ def test_oom_retry_survives_a_real_cuda_out_of_memory() -> None:
         y = torch.randint(0, 10, (49152,), device="cuda")
         with torch.no_grad():
             want = nn.functional.cross_entropy(torch.cat([model(c) for c in x.split(4096)]), y).item()
-        step = oom_retry(model, torch.optim.SGD(model.parameters(), lr=0.0), nn.CrossEntropyLoss())
-        loss = step(x, y)
-        assert step.events and step.micro_batches >= 2 and "out of memory" in step.events[0].message.lower()
-        assert math.isclose(loss, want, rel_tol=1e-4)
+        loss, k = step_or_split(model, torch.optim.SGD(model.parameters(), lr=0.0), nn.CrossEntropyLoss(), x, y)
+        assert k >= 2 and math.isclose(loss, want, rel_tol=1e-4)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, 0)
         torch.cuda.empty_cache()
