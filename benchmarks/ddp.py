@@ -4,7 +4,7 @@
 
 All four train the same MLP (24 hidden layers of 256 features: 50 gradient tensors, 6 MB) on a
 global batch of 64, in one launch of 2 ranks (gloo on a CPU; nccl when each rank has a GPU),
-interleaved step by step so machine load hits them alike (see gpulab.parallel.ddp.timing):
+interleaved step by step so machine load hits them alike (see gpulab.parallel.measure.timing):
 
 - ``naive``: after backward, one blocking all-reduce per tensor;
 - ``overlapped``: one asynchronous all-reduce per tensor, started by its gradient hook during

@@ -265,11 +265,14 @@ def test_no_module_aliases() -> None:
 
 
 # which gpulab.parallel packages each one may import: the launcher serves every other, DDP never
-# reaches into sharding (lab 09 builds on lab 06, not the reverse)
+# reaches into sharding (lab 09 builds on lab 06, not the reverse), and the DDP algorithm stands
+# without what lab 06 builds around it (its measurements, workloads, sampler and mixed precision)
 PARALLEL_MAY_NOT_IMPORT = {
     "gpulab.parallel.launcher": ("gpulab.parallel.ddp", "gpulab.parallel.sharding", "gpulab.parallel.pipeline",
                                  "gpulab.parallel.tp", "gpulab.parallel.dp"),
-    "gpulab.parallel.ddp": ("gpulab.parallel.sharding", "gpulab.parallel.pipeline", "gpulab.parallel.tp"),
+    "gpulab.parallel.ddp": ("gpulab.parallel.sharding", "gpulab.parallel.pipeline", "gpulab.parallel.tp",
+                            "gpulab.parallel.measure", "gpulab.parallel.workloads", "gpulab.parallel.sampler",
+                            "gpulab.parallel.amp"),
 }
 
 

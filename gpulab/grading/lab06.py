@@ -17,7 +17,7 @@ the ranks hold, and the expected value comes from the function next to it, calle
 - the unused-parameter probe and the DDP wrapper: :func:`gated_models` against
   :func:`unused_parameters`; :func:`run_ddp_wrapping` against :func:`single_process_wrapping`;
 - the α–β cost model and the rebuilt buckets: cases and measured inputs from
-  :mod:`gpulab.grading.lab06_cost` (re-exported here), against :mod:`gpulab.parallel.ddp.ring_cost`
+  :mod:`gpulab.grading.lab06_cost` (re-exported here), against :mod:`gpulab.parallel.measure.ring_cost`
   and :mod:`gpulab.parallel.ddp.rebuild`;
 - the ``mp.spawn`` script, run as a program: :func:`run_scripts` against
   :func:`single_process_training` (:mod:`gpulab.grading.lab06_script`).
@@ -62,14 +62,14 @@ from gpulab.grading.lab06_ddp import (
 )
 from gpulab.grading.lab06_script import SCRIPT, ScriptError, require_script, run_scripts, single_process_training
 from gpulab.models import MLP
+from gpulab.parallel.amp import amp_step, make_grad_scaler
 from gpulab.parallel.ddp.allreduce import OverlappedDDP, unused_parameters
-from gpulab.parallel.ddp.amp import amp_step, make_grad_scaler
 from gpulab.parallel.ddp.bucketed import BucketedDDP, _Bucket, bucket_assignment
-from gpulab.parallel.ddp.examples import BranchyNet, example_data, sgd_steps
 from gpulab.parallel.ddp.rebuild import head_first_net, ready_order, rebuilt_buckets, torch_ddp_buckets
-from gpulab.parallel.ddp.ring_cost import best_bucket_size, fit_alpha_beta, predict_sync_seconds
 from gpulab.parallel.launcher.launch import launch
 from gpulab.parallel.launcher.startup import rank_device
+from gpulab.parallel.measure.ring_cost import best_bucket_size, fit_alpha_beta, predict_sync_seconds
+from gpulab.parallel.workloads.ddp_examples import BranchyNet, example_data, sgd_steps
 
 __all__ = ["REFERENCES", "sampler_cases", "sampler_shards", "loader_cases", "loader_facts", "expected_loader_facts",
            "PER_PARAMETER_CASES", "BUCKETED_CASES", "run_ddp_class", "single_process_run", "class_tolerance",

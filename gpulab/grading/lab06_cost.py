@@ -1,7 +1,7 @@
 """Lab 06's graders for the α–β cost model and for buckets rebuilt from the ready order.
 
 Inputs are drawn from the grading run's seed (``grading.rng``) and the expected values come from
-:mod:`gpulab.parallel.ddp.ring_cost` and :mod:`gpulab.parallel.ddp.rebuild`, computed only in the
+:mod:`gpulab.parallel.measure.ring_cost` and :mod:`gpulab.parallel.ddp.rebuild`, computed only in the
 reference kernel (``grading.by_reference``):
 
 - :func:`alpha_beta_cases` (noisy all-reduce times of a known α and β), :func:`prediction_cases`
@@ -28,9 +28,9 @@ from torch import nn
 
 from gpulab.grading.lab06_ddp import SPEED_CFG
 from gpulab.parallel.ddp.rebuild import OutOfOrderNet
-from gpulab.parallel.ddp.ring_cost import allreduce_seconds, backward_seconds, ring_allreduce_seconds
-from gpulab.parallel.ddp.timing import deep_mlp
 from gpulab.parallel.launcher.launch import launch
+from gpulab.parallel.measure.ring_cost import allreduce_seconds, backward_seconds, ring_allreduce_seconds
+from gpulab.parallel.measure.timing import deep_mlp
 
 __all__ = ["CANDIDATES_MB", "MEASURED_SIZES", "alpha_beta_cases", "prediction_cases", "best_size_cases",
            "measured_alpha_beta", "timed_model", "rebuild_cases", "rebuild_models",

@@ -15,7 +15,7 @@ against values computed only in the reference kernel (``grading.by_reference``):
 - :func:`trace_overlap` (the student's values): per rank, the all-reduce calls of one step and how
   many calls and elements started before backward's last gradient was ready, seen by the grader's
   own gradient hooks (registered before the student's class is built) and by a dispatch mode that
-  sees every collective (:mod:`gpulab.parallel.ddp.trace`). :func:`overlap_plan` gives the bounds
+  sees every collective (:mod:`gpulab.parallel.measure.trace`). :func:`overlap_plan` gives the bounds
   they are checked against (gpulab's bucket plan, the classifier weight's size).
 - :func:`bucketing_run`: one unit of timed work for ``grading.check_speedup`` (one launch of 2 gloo
   ranks training a few steps), returning losses that depend on every step's synchronisation.
@@ -32,11 +32,11 @@ from torch import nn
 
 from gpulab.models import MLP
 from gpulab.parallel.ddp.bucketed import bucket_assignment
-from gpulab.parallel.ddp.examples import BranchyNet, TiedEmbeddingNet, example_data, token_data
-from gpulab.parallel.ddp.timing import StepTimingConfig, deep_mlp
-from gpulab.parallel.ddp.trace import launched_before_last_gradient, trace_step
 from gpulab.parallel.launcher.launch import launch
 from gpulab.parallel.launcher.startup import rank_device
+from gpulab.parallel.measure.timing import StepTimingConfig, deep_mlp
+from gpulab.parallel.measure.trace import launched_before_last_gradient, trace_step
+from gpulab.parallel.workloads.ddp_examples import BranchyNet, TiedEmbeddingNet, example_data, token_data
 
 __all__ = ["PER_PARAMETER_CASES", "BUCKETED_CASES", "run_ddp_class", "single_process_run", "class_tolerance",
            "OVERLAP_CFG", "OVERLAP_BUCKET_MB", "overlap_case", "trace_overlap", "overlap_plan",

@@ -2,7 +2,7 @@
 user would, and read back what rank 0 saved.
 
 The script (written from the notebook with ``%%writefile``) takes
-``--seed S --epochs E --world-size N --out PATH``, trains :func:`gpulab.parallel.ddp.spawn_job.make_job`
+``--seed S --epochs E --world-size N --out PATH``, trains :func:`gpulab.parallel.workloads.spawn_job.make_job`
 ``(S)`` under torch DDP in N processes it starts with ``torch.multiprocessing.spawn``, and rank 0
 saves ``{"params": {name: tensor}, "world_size": N}`` to ``PATH`` with ``torch.save``.
 
@@ -10,7 +10,7 @@ saves ``{"params": {name: tensor}, "world_size": N}`` to ``PATH`` with ``torch.s
   the same moment (two jobs on one machine must not fight over a port), each in its own process
   session, killed whole after ``timeout``; a failure raises :class:`ScriptError` with the reason
   and the end of the script's output.
-- :func:`~gpulab.parallel.ddp.spawn_job.single_process_training` (the expected value, computed
+- :func:`~gpulab.parallel.workloads.spawn_job.single_process_training` (the expected value, computed
   only in the reference kernel, masked in the student's): the same job in one process on whole
   global batches, in the order the ranks' samplers read it.
 """
@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from gpulab.parallel.ddp.spawn_job import single_process_training
+from gpulab.parallel.workloads.spawn_job import single_process_training
 
 __all__ = ["SCRIPT", "ScriptError", "require_script", "run_script", "run_scripts", "single_process_training"]
 

@@ -17,6 +17,8 @@ kernel while the lab is graded):
 - :func:`run_accumulation`: named accumulation steps ``fn(model, optimizer, micro_batches, loss_fn)``
   on :class:`NaiveDDP` or :class:`BucketedDDP`: all-reduce calls per step (counted), step times
   and every rank's parameters (against :func:`calls_per_sync` and :func:`single_process_accumulation`).
+
+The ZeRO-2 exercise's graders are in :mod:`gpulab.grading.lab09_zero2`; its reference is masked from here.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from gpulab.parallel.sharding.accumulation import accumulation_step, count_colle
 from gpulab.parallel.sharding.runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
 from gpulab.parallel.sharding.state_bytes import optimizer_state_bytes
 from gpulab.parallel.sharding.zero1 import ShardedOptimizer, _assign, balanced_owners
+from gpulab.parallel.sharding.zero2 import ZeRO2Optimizer
 from gpulab.profiling.interleave import timed_call
 
 __all__ = ["REFERENCES", "TiedMLP", "random_partition_cases", "balanced_owners", "run_zero1", "reference_zero1",
@@ -42,10 +45,11 @@ __all__ = ["REFERENCES", "TiedMLP", "random_partition_cases", "balanced_owners",
            "every_micro_batch", "run_accumulation", "calls_per_sync", "single_process_accumulation"]
 
 # gpulab's reference implementations of lab 09's exercises, masked in a graded kernel (gpulab.course.mask):
-# the ZeRO-1 optimizer, its largest-first partition (and the helper both call), and the accumulation step.
+# the ZeRO-1 optimizer, its largest-first partition (and the helper both call), the ZeRO-2 optimizer
+# (graded in lab09_zero2), and the accumulation step.
 # The lab's demos run torch DDP, torch's ZeroRedundancyOptimizer, FSDP2 and lab 06's NaiveDDP/BucketedDDP
 # (masked only while lab 06 is graded), none of which calls these.
-REFERENCES: tuple = (ShardedOptimizer, balanced_owners, _assign, accumulation_step)
+REFERENCES: tuple = (ShardedOptimizer, balanced_owners, _assign, ZeRO2Optimizer, accumulation_step)
 
 NUM_SAMPLES = 24  # divisible by 1, 2, 3, 4, 6, 8 ranks and by 2, 3, 4 micro-batches per rank of 2 ranks
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {

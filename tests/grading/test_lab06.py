@@ -28,8 +28,8 @@ from gpulab.parallel import (
     launch,
     unused_parameters,
 )
-from gpulab.parallel.ddp.examples import torch_ddp_steps
-from gpulab.parallel.ddp.sampler import DistributedSampler
+from gpulab.parallel.sampler import DistributedSampler
+from gpulab.parallel.workloads.ddp_examples import torch_ddp_steps
 
 
 def _close(a, b, atol=1e-6):
@@ -263,7 +263,9 @@ def test_a_class_that_returns_torch_ddp_or_has_no_finish_is_refused():
 
 def test_references_are_the_exercises_answers_and_leave_the_demos_working():
     from gpulab.parallel import BucketedDDP, NaiveDDP, OverlappedDDP, bucket_assignment
-    from gpulab.parallel.ddp import rebuild, ring_cost, spawn_job
+    from gpulab.parallel.ddp import rebuild
+    from gpulab.parallel.measure import ring_cost
+    from gpulab.parallel.workloads import spawn_job
 
     assert set(lab06.REFERENCES) == {OverlappedDDP, BucketedDDP, lab06._Bucket, bucket_assignment, amp_step,
                                      unused_parameters, ring_cost.fit_alpha_beta, ring_cost.predict_sync_seconds,

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from gpulab.grading import lab06
 from gpulab.parallel.ddp.rebuild import ready_order, rebuilt_buckets
-from gpulab.parallel.ddp.ring_cost import ring_allreduce_seconds
+from gpulab.parallel.measure.ring_cost import ring_allreduce_seconds
 
 
 def test_cases_are_the_same_for_the_same_seed_and_differ_for_another():

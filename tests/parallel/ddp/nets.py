@@ -1,4 +1,4 @@
-"""The small model and data the DDP tests train (shared by test_allreduce and test_amp)."""
+"""The small model and data the DDP tests train (shared by test_allreduce, test_nccl and ../test_amp)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from gpulab.parallel import (
     launch,
     unused_parameters,
 )
-from gpulab.parallel.ddp.examples import TiedEmbeddingNet, token_data
+from gpulab.parallel.workloads.ddp_examples import TiedEmbeddingNet, token_data
 
 from .nets import Net, _data
 

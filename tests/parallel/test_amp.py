@@ -1,4 +1,4 @@
-"""gpulab.parallel.ddp.amp: AMP on the CPU is bfloat16 without a grad scaler; float16 asks for one."""
+"""gpulab.parallel.amp: AMP on the CPU is bfloat16 without a grad scaler; float16 asks for one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from torch import nn
 
 from gpulab.parallel import amp_settings, amp_step, make_grad_scaler
 
-from .nets import Net, _data
+from .ddp.nets import Net, _data
 
 
 def test_amp_on_cpu_is_bf16_without_a_scaler():

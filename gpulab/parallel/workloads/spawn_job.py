@@ -8,7 +8,7 @@ args=(...))``; each ``main_worker(rank, world_size, ...)`` joins the process gro
 model in ``DistributedDataParallel`` and reads its shard through a ``DistributedSampler``. The
 student writes that script; it builds its job with::
 
-    from gpulab.parallel.ddp.spawn_job import make_job
+    from gpulab.parallel.workloads.spawn_job import make_job
     job = make_job(seed)          # job.model, job.dataset, job.global_batch_size, job.lr, ...
 
 Every process that calls ``make_job(seed)`` gets the same initial weights and the same samples.

@@ -30,8 +30,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpulab.parallel.ddp.timing import StepTimingConfig, deep_mlp
 from gpulab.parallel.launcher.startup import rank_device
+from gpulab.parallel.measure.timing import StepTimingConfig, deep_mlp
 
 __all__ = ["SyncEvent", "CollectiveRecorder", "trace_step", "trace_sync", "launched_before_last_gradient",
            "plot_sync_timeline"]

@@ -1,4 +1,4 @@
-"""gpulab.parallel.ddp.trace: the order of gradients and all-reduce launches in one step, seen from outside."""
+"""gpulab.parallel.measure.trace: the order of gradients and all-reduce launches in one step, seen from outside."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import matplotlib
 matplotlib.use("Agg")
 
 from gpulab.parallel import BucketedDDP, NaiveDDP, OverlappedDDP, StepTimingConfig, bucket_assignment, launch
-from gpulab.parallel.ddp.timing import deep_mlp
-from gpulab.parallel.ddp.trace import SyncEvent, launched_before_last_gradient, plot_sync_timeline, trace_sync
+from gpulab.parallel.measure.timing import deep_mlp
+from gpulab.parallel.measure.trace import SyncEvent, launched_before_last_gradient, plot_sync_timeline, trace_sync
 
 CFG = StepTimingConfig(width=32, depth=4, batch_size=8)  # 5 Linear layers: 10 gradient tensors of up to 4 KiB
 

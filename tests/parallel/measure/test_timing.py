@@ -1,4 +1,4 @@
-"""gpulab.parallel.ddp.timing: the step-time harness measures every sync strategy on every rank."""
+"""gpulab.parallel.measure.timing: the step-time harness measures every sync strategy on every rank."""
 
 from __future__ import annotations
 

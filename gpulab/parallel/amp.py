@@ -11,7 +11,7 @@ deprecated). Which 16-bit type (:func:`amp_settings`):
 
 Parameters and optimizer state stay float32; only the forward's compute is cheaper
 (PyTorch's "Automatic Mixed Precision package - torch.amp"). Used by lab 06; tests:
-``pytest tests/parallel/ddp/test_amp.py``.
+``pytest tests/parallel/test_amp.py``.
 """
 
 from __future__ import annotations

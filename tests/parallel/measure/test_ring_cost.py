@@ -1,4 +1,4 @@
-"""gpulab.parallel.ddp.ring_cost: the fit recovers known α and β, the step model agrees with
+"""gpulab.parallel.measure.ring_cost: the fit recovers known α and β, the step model agrees with
 hand-computed timelines, and the instruments measure what they say."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from gpulab.parallel import launch
 from gpulab.parallel.ddp.bucketed import bucket_assignment
-from gpulab.parallel.ddp.ring_cost import (
+from gpulab.parallel.measure.ring_cost import (
     allreduce_seconds,
     backward_seconds,
     best_bucket_size,
