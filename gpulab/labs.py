@@ -40,7 +40,7 @@ LABS: tuple[Lab, ...] = (
         "2 logical devices on the CPU, one thread each (simulated)"),
     Lab("08_oom", "out of memory", "leaks, no_grad, splitting a batch through OOM, AMP, checkpointing, shape summary", 1,
         "{physical}, memory metered by MemoryMeter under a budget"),
-    Lab("09_sharding", "sharded data parallelism", "bytes per rank, ZeRO-1 written from scratch, no_sync accumulation, FSDP2", 2,
+    Lab("09_sharding", "sharded data parallelism", "bytes per rank, ZeRO-1 and ZeRO-2 written from scratch, their traffic, no_sync accumulation, FSDP2", 2,
         "2 and 4 gloo processes on the CPU (gloo ranks keep CPU tensors, even beside a GPU)"),
     Lab("10_search", "hyperparameter search", "grid, random, TPE and ASHA on Ray Tune; packing trials with fractional resources", 1,
         "Ray trials on the cores of {physical}, packed per core instead of per GPU", timed_alone=True),
