@@ -91,19 +91,20 @@ def test_a_slowed_baseline_counts_at_most_the_band() -> None:
 
 def test_a_busier_machine_raises_the_cap_by_the_graders_probes_and_no_further_than_the_limit() -> None:
     # a second grading job beside the student's: baseline 0.6 vs the reference's 0.4 (1.5x), candidate 0.28;
-    # the grader's own probe took 1.5x as long too, so the baseline counts in full: 0.6 / 0.28 = 2.14 passes
+    # the grader's own probe took 1.5x as long too, so the cap rises to 1.25 x 1.25 x 0.4 = 0.625 and the baseline
+    # counts in full: 0.6 / 0.28 = 2.14 passes
     mine, ref = runs(0.6, 0.28), runs(0.4, 0.12)
     why, _ = judge.speed_verdict(SPEC, mine, ref)
     assert why is not None and "counted as 500.0 ms" in why  # no probes: the plain band, 500 / 280 = 1.79 fails
     mine.probes, ref.probes = [0.015, 0.016, 0.014], [0.010, 0.010, 0.011]
     why, figures = judge.speed_verdict(SPEC, mine, ref)
     assert why is None and "counted as" not in figures
-    # a kernel that loads the machine during the probes gains at most LOAD_LIMIT: 1.25 x 1.6 = 2.0 x 0.4 = 800 ms
+    # a kernel that loads the machine during the probes gains at most LOAD_LIMIT: 1.25 x 1.25 x 400 = 625 ms
     slowed = runs(1.2, 0.41)
     slowed.probes = [0.1] * 3  # 10x as busy, by its own account
     why, _ = judge.speed_verdict(SPEC, slowed, ref)
-    assert why is not None and "counted as 800.0 ms: at most 2.00 x the reference run's" in why
-    assert "the machine was 1.60x as busy" in why
+    assert why is not None and "counted as 625.0 ms: at most 1.56 x the reference run's" in why
+    assert "the machine was 1.25x as busy" in why
     # probes survive the trip through JSON; a malformed one is dropped
     data = slowed.to_json() | {"probes": [0.1, "x", -1, 0.2]}
     assert judge.Runs.from_json(data).probes == [0.1, 0.2]
