@@ -3,7 +3,7 @@
     python benchmarks/memory.py                     # on gpulab.devices.default_device()
     python benchmarks/memory.py --device cpu --repeats 3
 
-Two workloads, the ones lab 08 grades (``gpulab.memory.savings.lab_workloads``): a small CNN (three conv blocks and
+Two workloads, the ones lab 08 grades (``gpulab.memory.fixes.savings.lab_workloads``): a small CNN (three conv blocks and
 a head; checkpointing keeps the input of each conv block) and a stack of four pre-norm
 TransformerEncoderLayers with a per-token classifier (checkpointing keeps the input of each
 layer; the last block, the head or the classifier, runs plainly). Each
@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from gpulab.devices import default_device
-from gpulab.memory.savings import bf16_step, checkpointed_step, fp32_step, lab_workloads, peak_memory
+from gpulab.memory.fixes.savings import bf16_step, checkpointed_step, fp32_step, lab_workloads, peak_memory
 
 
 def _variants(model: nn.Module, blocks: list[nn.Module], x: torch.Tensor, y: torch.Tensor,

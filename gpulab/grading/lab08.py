@@ -23,10 +23,10 @@ from torch.utils._python_dispatch import TorchDispatchMode  # a private module; 
 from gpulab.devices import MemoryMeter, default_device
 from gpulab.devices.registry import default_for
 from gpulab.grading.numerics import exact_float32
-from gpulab.memory import retry
-from gpulab.memory.loops import evaluate, train_epoch
-from gpulab.memory.retry import step_or_split
-from gpulab.memory.savings import (
+from gpulab.memory.fixes import retry
+from gpulab.memory.fixes.loops import evaluate, train_epoch
+from gpulab.memory.fixes.retry import step_or_split
+from gpulab.memory.fixes.savings import (
     Workload,
     bf16_step,
     checkpointed_forward,

@@ -12,9 +12,9 @@ Lab 08's tools for out-of-memory errors:
   tensors with the line that made them.
 - :func:`find_max_batch_size` (:mod:`~gpulab.memory.batch_size`): binary search under a budget.
 - :func:`summary` (:mod:`~gpulab.memory.summary`): per-layer shapes, parameters, activation bytes.
-- The lab's references: :mod:`~gpulab.memory.loops` (loops that keep memory flat),
-  :mod:`~gpulab.memory.retry` (a step that splits its batch through out-of-memory) and
-  :mod:`~gpulab.memory.savings` (bf16 autocast, checkpointing, :func:`peak_memory`).
+- The lab's references: :mod:`~gpulab.memory.fixes.loops` (loops that keep memory flat),
+  :mod:`~gpulab.memory.fixes.retry` (a step that splits its batch through out-of-memory) and
+  :mod:`~gpulab.memory.fixes.savings` (bf16 autocast, checkpointing, :func:`peak_memory`).
 
 PyTorch's own tools beside them (``torch.profiler`` with ``profile_memory=True``, the CUDA memory
 snapshot and pytorch.org/memory_viz) are called directly in lab 08's cells: gpulab does not wrap them.
@@ -22,8 +22,8 @@ snapshot and pytorch.org/memory_viz) are called directly in lab 08's cells: gpul
 
 from gpulab.memory.batch_size import find_max_batch_size, free_memory
 from gpulab.memory.cuda_report import MemoryStatus, memory_report
+from gpulab.memory.fixes.savings import peak_memory
 from gpulab.memory.leaks import LeakFinder, LeakReport
-from gpulab.memory.savings import peak_memory
 from gpulab.memory.summary import ModelSummary, ShapeMismatchError, summary
 from gpulab.memory.trend import LeakCriterion
 

@@ -14,8 +14,8 @@ from gpulab.grading import lab08
 from gpulab.grading.evidence import encode
 from gpulab.grading.judge import decode, verdict
 from gpulab.grading.lab08 import count_host_reads
-from gpulab.memory.loops import evaluate, train_epoch
-from gpulab.memory.savings import checkpointed_forward, segment_sizes
+from gpulab.memory.fixes.loops import evaluate, train_epoch
+from gpulab.memory.fixes.savings import checkpointed_forward, segment_sizes
 from gpulab.models import SmallCNN
 
 
@@ -198,7 +198,7 @@ def test_split_case_tells_a_right_step_from_each_mistake() -> None:
 
 
 def test_savings_step_bf16_keeps_the_direction_and_float32_gradients() -> None:
-    from gpulab.memory.savings import bf16_step, fp32_step
+    from gpulab.memory.fixes.savings import bf16_step, fp32_step
     for name in ("small_cnn", "transformer"):
         bf16 = lab08.savings_step(bf16_step, name, 1)
         assert bf16["dtypes"] == {"logits": torch.bfloat16, "loss": torch.float32, "gradients": ["torch.float32"]}

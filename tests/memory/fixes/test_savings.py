@@ -1,4 +1,4 @@
-"""gpulab.memory.savings: peak_memory against analytic bytes; bf16 autocast and checkpointing
+"""gpulab.memory.fixes.savings: peak_memory against analytic bytes; bf16 autocast and checkpointing
 lower the metered peak of the lab's workloads, checkpointing with exactly the same results."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from gpulab.memory.savings import (
+from gpulab.memory.fixes.savings import (
     bf16_step,
     checkpointed_forward,
     checkpointed_step,

@@ -1,4 +1,4 @@
-"""gpulab.memory.loops: the reference loops keep memory flat, match a plain loop's numbers, and
+"""gpulab.memory.fixes.loops: the reference loops keep memory flat, match a plain loop's numbers, and
 evaluate without a graph (a lower peak than the same loop without no_grad)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from gpulab.memory import LeakFinder, peak_memory
-from gpulab.memory.loops import evaluate, train_epoch
+from gpulab.memory.fixes.loops import evaluate, train_epoch
 from gpulab.models import SmallCNN
 
 

@@ -1,4 +1,4 @@
-"""gpulab.memory.retry.step_or_split (lab 08's exercise 3): under a budget that the whole batch does
+"""gpulab.memory.fixes.retry.step_or_split (lab 08's exercise 3): under a budget that the whole batch does
 not fit, the step goes on in micro-batches, the fewest that fit (as a brute force over every split
 finds them), and leaves the parameters of the step that never ran out of memory."""
 
@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from gpulab.devices import MemoryMeter, logical_devices
-from gpulab.memory import retry
-from gpulab.memory.retry import step_or_split
+from gpulab.memory.fixes import retry
+from gpulab.memory.fixes.retry import step_or_split
 from gpulab.models import MLP
 
 DEV = logical_devices(1, physical=["cpu"])[0]
