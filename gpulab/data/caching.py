@@ -5,13 +5,10 @@ when the whole dataset fits in memory the first two steps need to happen only on
 keeps the *decoded* samples; random augmentation must still run on every access, or every epoch
 would see the same crops. Datasets that split the two (``load(index)`` and ``transform(sample)``,
 like :class:`gpulab.data.synthetic.SyntheticImages`) get exactly that. For other datasets the
-whole ``__getitem__`` result is cached (fine for deterministic transforms only).
+whole ``__getitem__`` result is cached (fine for deterministic transforms only). With DataLoader
+workers, ``fill()`` first: see the comment below the imports.
 
-Warning:
-    Each DataLoader worker is a separate process with its own copy of the cache. Call ``fill()``
-    (or pass ``fill=True``) *before* creating the loader: forked workers then share the filled
-    memory (copy-on-write). Images are stored in one contiguous uint8 tensor so that reading them
-    does not touch (and copy) per-object pages. Hit/miss counts are per process.
+    .venv/bin/python -m pytest tests/data/test_caching.py
 """
 
 from __future__ import annotations
@@ -22,6 +19,11 @@ import psutil
 import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
+
+# Warning: each DataLoader worker is a separate process with its own copy of the cache. Call
+# ``fill()`` (or pass ``fill=True``) *before* creating the loader: forked workers then share the
+# filled memory (copy-on-write). Images are stored in one contiguous uint8 tensor so that reading
+# them does not touch (and copy) per-object pages. Hit/miss counts are per process.
 
 __all__ = ["InMemoryCache"]
 

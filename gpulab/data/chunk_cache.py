@@ -1,21 +1,15 @@
 """HDF5's chunk cache: settings, a model of it, and chunk hits counted from real reads.
 
 Every open chunked dataset has a *raw data chunk cache* of decompressed chunks, set per file
-with ``h5py.File(path, rdcc_nbytes=, rdcc_nslots=, rdcc_w0=)``:
+with ``h5py.File(path, rdcc_nbytes=, rdcc_nslots=, rdcc_w0=)`` (the comment below the imports
+says what each setting does). h5py does not expose HDF5's hit counters (they exist only in debug
+builds of the library), so :func:`measure_chunk_cache` counts misses where they happen: it opens
+the file through a Python file object and maps every read HDF5 issues to the chunk whose bytes it
+touches. A chunk access that causes no read was a hit. :func:`simulate_chunk_cache` is the model
+(LRU by bytes plus slot collisions, as in HDF5's source) that predicts the same counts without
+touching a file.
 
-* ``rdcc_nbytes``: its size in bytes. Default 1 MiB before HDF5 2.0, 8 MiB from HDF5 2.0. A
-  chunk larger than this is never kept: every access re-reads (and re-decompresses) it.
-* ``rdcc_nslots``: slots of its hash table. A chunk goes to slot ``index % nslots`` and evicts
-  whatever is there, so too few slots evict chunks long before the bytes run out. h5py's advice:
-  a prime, about 100x the number of chunks that fit in ``rdcc_nbytes``.
-* ``rdcc_w0``: 0..1, how strongly chunks whose bytes were all read are evicted before others
-  (0: plain LRU order; 1: always first). Default 0.75.
-
-h5py does not expose HDF5's hit counters (they exist only in debug builds of the library), so
-:func:`measure_chunk_cache` counts misses where they happen: it opens the file through a Python
-file object and maps every read HDF5 issues to the chunk whose bytes it touches. A chunk access
-that causes no read was a hit. :func:`simulate_chunk_cache` is the model (LRU by bytes plus slot
-collisions, as in HDF5's source) that predicts the same counts without touching a file.
+    .venv/bin/python -m pytest tests/data/test_chunk_cache.py
 """
 
 from __future__ import annotations
@@ -32,6 +26,15 @@ from typing import Any, Callable, Iterable, Sequence
 import h5py
 
 from gpulab.profiling.interleave import SpeedComparison, time_interleaved
+
+# The chunk cache's three settings (h5py.File(path, rdcc_nbytes=, rdcc_nslots=, rdcc_w0=)):
+# - ``rdcc_nbytes``: its size in bytes. Default 1 MiB before HDF5 2.0, 8 MiB from HDF5 2.0. A
+#   chunk larger than this is never kept: every access re-reads (and re-decompresses) it.
+# - ``rdcc_nslots``: slots of its hash table. A chunk goes to slot ``index % nslots`` and evicts
+#   whatever is there, so too few slots evict chunks long before the bytes run out. h5py's advice:
+#   a prime, about 100x the number of chunks that fit in ``rdcc_nbytes``.
+# - ``rdcc_w0``: 0..1, how strongly chunks whose bytes were all read are evicted before others
+#   (0: plain LRU order; 1: always first). Default 0.75.
 
 __all__ = ["CacheConfig", "suggest_cache", "next_prime", "ChunkCacheStats", "measure_chunk_cache",
            "simulate_chunk_cache", "time_reads", "compare_reads"]

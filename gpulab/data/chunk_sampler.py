@@ -5,17 +5,13 @@ compressed, chunked HDF5 file each request then lands in a different chunk, whic
 decompressed whole to serve one sample, unless the chunk cache holds most of the dataset.
 :class:`ChunkShuffleSampler` visits the chunks in a random order and shuffles the samples of
 each chunk (or of a group of ``chunks_per_group`` chunks) among themselves, so every chunk is
-decompressed once per epoch while a cache of one chunk (or one group) is enough.
-
-The price is randomness: a batch comes from one or two chunks instead of from the whole
-dataset. Shuffling groups of several chunks buys randomness back at the cost of a cache that
-holds the group. This is the same trade as the shuffle buffers of streaming loaders (e.g.
-WebDataset's shard shuffling).
+decompressed once per epoch while a cache of one chunk (or one group) is enough. The price is
+randomness (the comment below the imports).
 
     sampler = ChunkShuffleSampler(dataset, seed=0, num_replicas=world_size, rank=rank)
-    for epoch in range(num_epochs):
-        sampler.set_epoch(epoch)
-        for inputs, targets in DataLoader(dataset, batch_size=64, sampler=sampler): ...
+    sampler.set_epoch(epoch)  # every epoch, then: DataLoader(dataset, batch_size=64, sampler=sampler)
+
+    .venv/bin/python -m pytest tests/data/test_chunk_sampler.py
 """
 
 from __future__ import annotations
@@ -24,6 +20,11 @@ from typing import Iterator, Sized
 
 import torch
 from torch.utils.data import Sampler
+
+# The price is randomness: a batch comes from one or two chunks instead of from the whole
+# dataset. Shuffling groups of several chunks buys randomness back at the cost of a cache that
+# holds the group. This is the same trade as the shuffle buffers of streaming loaders (e.g.
+# WebDataset's shard shuffling).
 
 __all__ = ["ChunkShuffleSampler"]
 

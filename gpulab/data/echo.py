@@ -3,20 +3,22 @@
 Data echoing (D. Choi, A. Passos, C. J. Shallue, G. E. Dahl, "Faster Neural Network Training with
 Data Echoing", 2019, arXiv:1907.05550): when the stages before the model are slower than the model,
 repeat data that is already prepared instead of leaving the accelerator idle. *Batch* echoing
-repeats whole batches after batching (the cheapest place: nothing upstream runs again).
+repeats whole batches after batching (the cheapest place: nothing upstream runs again). The cost
+is **less randomness** (the comment below the imports): echo only when the profile says the loop
+is data-bound, and by no more than the ratio *time to prepare a batch / time the device needs for it*.
 
-The cost is **less randomness**: the ``factor`` steps on one batch see the same examples with the
-same augmentation, so consecutive gradients are correlated and each step carries less new
-information. Choi et al. find that echoing can still reduce the time to a target quality, and that
-echoing earlier in the pipeline (before augmentation and shuffling) keeps more diversity; with too
-large a factor the model starts to overfit the repeated data and the benefit turns into a loss.
-Echo only when the profile says the loop is data-bound, and by no more than the ratio
-*time to prepare a batch / time the device needs for it*.
+    .venv/bin/python -m pytest tests/data/test_echo.py
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
+
+# The cost is less randomness: the ``factor`` steps on one batch see the same examples with the
+# same augmentation, so consecutive gradients are correlated and each step carries less new
+# information. Choi et al. find that echoing can still reduce the time to a target quality, and that
+# echoing earlier in the pipeline (before augmentation and shuffling) keeps more diversity; with too
+# large a factor the model starts to overfit the repeated data and the benefit turns into a loss.
 
 __all__ = ["BatchEcho"]
 

@@ -1,10 +1,8 @@
 """HDF5 image storage for lab 03: synthetic images, chunk shapes, atomic writes (and re-exports).
 
-An HDF5 dataset is stored either *contiguous* (one flat run of bytes, like a C array) or
-*chunked* (cut into equal blocks that are stored, compressed and cached independently). A read
-of one sample from a chunked dataset loads every chunk that sample overlaps, so the chunk shape,
-the chunk cache (``rdcc_nbytes``, ``rdcc_nslots``, ``rdcc_w0``) and the order in which a
-training loop asks for samples decide the read speed together. Lab 03 measures this.
+A read of one sample from a chunked dataset loads every chunk that sample overlaps, so the chunk
+shape, the chunk cache and the order in which a training loop asks for samples decide the read
+speed together. Lab 03 measures this (details and sources: the comment below the imports).
 
     from gpulab.data.hdf5 import make_images, suggest_chunks, write_h5, H5Dataset, ChunkShuffleSampler
     images, labels = make_images(2048)
@@ -13,12 +11,7 @@ training loop asks for samples decide the read speed together. Lab 03 measures t
     ds = H5Dataset("train.h5", rdcc_nbytes=1 << 20)
     loader = DataLoader(ds, batch_size=64, sampler=ChunkShuffleSampler(ds), num_workers=2)
 
-This module also re-exports the rest of lab 03's API: :class:`H5Dataset` and
-:func:`inspect_h5` (``h5dataset.py``), :class:`ChunkShuffleSampler` (``chunk_sampler.py``) and
-the chunk-cache tools (``chunk_cache.py``).
-
-Sources: HDF5's chunking guidance (10 KiB to 1 MiB per chunk), h5py's ``guess_chunk`` (what
-``chunks=True`` does) and its ``File(rdcc_*)`` documentation.
+    .venv/bin/python -m pytest tests/data/test_hdf5.py
 """
 
 from __future__ import annotations
@@ -49,6 +42,20 @@ from gpulab.data.h5dataset import (
     H5Info,
     inspect_h5,
 )
+
+# How HDF5 stores a dataset, and what decides the read speed.
+# An HDF5 dataset is stored either *contiguous* (one flat run of bytes, like a C array) or
+# *chunked* (cut into equal blocks that are stored, compressed and cached independently). A read
+# of one sample from a chunked dataset loads every chunk that sample overlaps, so the chunk shape,
+# the chunk cache (``rdcc_nbytes``, ``rdcc_nslots``, ``rdcc_w0``) and the order in which a
+# training loop asks for samples decide the read speed together.
+#
+# This module also re-exports the rest of lab 03's API: ``H5Dataset`` and ``inspect_h5``
+# (``h5dataset.py``), ``ChunkShuffleSampler`` (``chunk_sampler.py``) and the chunk-cache tools
+# (``chunk_cache.py``).
+#
+# Sources: HDF5's chunking guidance (10 KiB to 1 MiB per chunk), h5py's ``guess_chunk`` (what
+# ``chunks=True`` does) and its ``File(rdcc_*)`` documentation.
 
 __all__ = [
     "make_images", "suggest_chunks", "rows_for_random_reads", "write_h5", "inspect_h5", "H5Info", "H5FileError",

@@ -3,23 +3,15 @@
 - :func:`baseline_pipeline`: what most first training scripts do. ``num_workers=0``, every sample
   decoded, augmented *and normalised to float32 on the CPU*, a blocking float32 copy.
 - :func:`tuned_pipeline`: the fixes together. Decoded images cached in memory, uint8 batches, a
-  non-blocking copy (from pinned memory on a GPU), normalisation on the device; workers optional
-  (once decoding is cached, what is left per batch is about a millisecond of cropping, less than
-  what handing batches between processes costs on a 2-core machine).
-
-Both feed the same step: ``accel.compute(compute_s, inputs)``, standing for the model.
-
-:func:`calibrate` measures what one baseline batch costs this machine's CPU (median of a few) and
-sets the model's device time to a quarter of it, and, on the simulated accelerator, the
-host-to-device bandwidth so that a float32 batch takes a sixth of the device time. Those ratios,
-not absolute speeds, decide every figure of the lab: the baseline is data-bound on a laptop and
-on a server alike, a float32 transfer alone caps the device at 6/7 busy (below 0.9), and the
-uint8 one at 24/25. On a real GPU only the device time is set; the copy costs what the hardware makes it cost.
+  non-blocking copy (from pinned memory on a GPU), normalisation on the device; workers optional.
+Both feed the same step, timed by :func:`calibrate` (see the comment below the imports).
 
     use_one_thread_if_simulated(accel)                 # see below
     setup = calibrate(accel)                           # PipelineSetup with compute_s (+ bandwidth)
     loader, step_fn = baseline_pipeline(setup, accel)
     prof = profile_loop(loader, step_fn, accel, warmup_steps=2)
+
+    .venv/bin/python -m pytest tests/data/test_pipelines.py
 """
 
 from __future__ import annotations
@@ -40,6 +32,19 @@ from gpulab.data.workers import LoaderConfig, make_loader
 from gpulab.devices.physical import cuda_device_count
 from gpulab.profiling import profile_loop
 from gpulab.profiling.result import LoopProfile
+
+# Why workers are optional in the tuned pipeline: once decoding is cached, what is left per batch
+# is about a millisecond of cropping, less than what handing batches between processes costs on a
+# 2-core machine.
+#
+# Both pipelines feed the same step: ``accel.compute(compute_s, inputs)``, standing for the model.
+# ``calibrate`` measures what one baseline batch costs this machine's CPU (median of a few) and
+# sets the model's device time to a quarter of it, and, on the simulated accelerator, the
+# host-to-device bandwidth so that a float32 batch takes a sixth of the device time. Those ratios,
+# not absolute speeds, decide every figure of the lab: the baseline is data-bound on a laptop and
+# on a server alike, a float32 transfer alone caps the device at 6/7 busy (below 0.9), and the
+# uint8 one at 24/25. On a real GPU only the device time is set; the copy costs what the hardware
+# makes it cost.
 
 __all__ = ["PipelineSetup", "use_one_thread_if_simulated", "calibrate", "baseline_pipeline", "tuned_pipeline", "model_step", "compare_pipelines",
            "Comparison"]

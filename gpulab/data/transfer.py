@@ -9,6 +9,8 @@ where the arithmetic is nearly free.
 
 :func:`normalize_on_host` is the naive version, kept beside it as the reference the fast one
 must match (``(x / 255 - mean) / std`` per channel).
+
+    .venv/bin/python -m pytest tests/data/test_transfer.py
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def normalize_on_host(batch_uint8: torch.Tensor, mean: Sequence[float], std: Seq
     """The naive version: float32 ``(x / 255 - mean) / std`` on the CPU (then 4x the bytes to copy)."""
     channels = _check_batch(batch_uint8)
     m, s = _check_mean_std(mean, std, channels)
+    # m, s: (C,) -> (C, 1, 1), broadcast over the batch's (..., C, H, W); the result keeps its shape
     return (batch_uint8.float() / 255.0 - m[:, None, None]) / s[:, None, None]
 
 
@@ -82,7 +85,7 @@ def _affine_on(device: torch.device, dtype: torch.dtype, scale: tuple[float, ...
     """The ``(C, 1, 1)`` scale and shift on ``device``, made once: copying them from pageable host
     memory on every batch would be two blocking host-to-device copies per step, the very sync lab 01
     teaches students to remove."""
-    return (torch.tensor(scale, device=device, dtype=dtype)[:, None, None],
+    return (torch.tensor(scale, device=device, dtype=dtype)[:, None, None],  # (C,) -> (C, 1, 1)
             torch.tensor(shift, device=device, dtype=dtype)[:, None, None])
 
 

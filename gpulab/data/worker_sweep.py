@@ -7,6 +7,8 @@ as fast as the best.
 
 :func:`gpulab.data.tuning.sweep_loader` and ``tune_loader`` are the instruments the lab shows beside
 it: the same measurement over more settings, with a table, a plot and a search.
+
+    .venv/bin/python -m pytest tests/grading/test_lab02.py -k "sweep or pick"
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ tuples / namedtuples of tensors and other values (ids, file names), which are le
 the one walker over such trees in gpulab: the accelerators' copies, DataParallel's scatter, the
 memory summary and the loader's batch counting all use it (torch's own is the private
 ``torch.utils._pytree``).
+
+    .venv/bin/python -m pytest tests/devices/test_batches.py
 """
 
 from __future__ import annotations

@@ -5,21 +5,14 @@ The report is built in three steps, each testable on its own:
 1. :func:`probe` collects :class:`Facts` (versions, GPUs through NVML and torch, backends, CPU,
    RAM). It never raises: a probe that fails is recorded in ``facts.errors``.
 2. :func:`diagnose` turns facts into :class:`Problem`s, each with the fix spelled out: a CPU build
-   of torch on a GPU machine, a driver of an older CUDA major version than the build, cuDNN
-   trouble, GPUs hidden by ``CUDA_VISIBLE_DEVICES``. :func:`compatibility_notes` adds what is
-   worth knowing but not wrong: a driver of the same major version but an older minor one.
+   of torch on a GPU machine, a driver of an older CUDA major version than the build (NVIDIA's rule:
+   the comment below the imports), cuDNN trouble, GPUs hidden by ``CUDA_VISIBLE_DEVICES``.
+   :func:`compatibility_notes` adds what is worth knowing but not wrong: a driver of the same major
+   version but an older minor one.
 3. :func:`lab_modes` says, for every lab, whether it runs on real devices or on logical ones.
 
-The driver rule is NVIDIA's (the "CUDA Compatibility" guide, docs.nvidia.com/deploy/cuda-compatibility,
-section "Minor Version Compatibility"): from CUDA 11 on, a program built with any CUDA x.y toolkit
-runs on any driver of the same major family (12.x: driver >= 525; 13.x: >= 580; 11.x: >= 450),
-with a limited feature set: an API that needs a newer driver returns
-``cudaErrorCallRequiresNewerDriver``, and PTX built by the newer toolkit cannot be JIT-compiled by
-the older driver (``cudaErrorUnsupportedPtxVersion``). A driver of an older *major* version cannot
-run the build at all (short of the forward-compatibility package, on data-centre GPUs).
-
-``--json`` prints the same report for machines. The exit status is 0 whenever a report was
-printed, including on a CPU-only machine.
+``--json`` prints the same report for machines; the exit status is 0 whenever a report was printed,
+including on a CPU-only machine. Tests: ``.venv/bin/python -m pytest tests/devices/test_doctor.py``.
 """
 
 from __future__ import annotations
@@ -41,6 +34,14 @@ from gpulab.devices.nvml import close_nvml, open_nvml
 from gpulab.devices.physical import cuda_device_count
 from gpulab.devices.share import current as current_share
 from gpulab.labs import LABS
+
+# The driver rule is NVIDIA's (the "CUDA Compatibility" guide, docs.nvidia.com/deploy/cuda-compatibility,
+# section "Minor Version Compatibility"): from CUDA 11 on, a program built with any CUDA x.y toolkit
+# runs on any driver of the same major family (12.x: driver >= 525; 13.x: >= 580; 11.x: >= 450),
+# with a limited feature set: an API that needs a newer driver returns
+# ``cudaErrorCallRequiresNewerDriver``, and PTX built by the newer toolkit cannot be JIT-compiled by
+# the older driver (``cudaErrorUnsupportedPtxVersion``). A driver of an older *major* version cannot
+# run the build at all (short of the forward-compatibility package, on data-centre GPUs).
 
 __all__ = ["Facts", "GpuInfo", "Problem", "probe", "diagnose", "compatibility_notes", "toolchain_problems", "lab_modes", "report",
            "format_report", "main"]

@@ -4,6 +4,8 @@ Lab 00's exercises are written against :class:`MachineSpec`, a plain description
 they can be graded on any machine: :func:`choose_backend` and :func:`place_ranks` are the
 references the hidden tests compare with, and :mod:`gpulab.parallel.launcher.startup` applies the same
 rules to the machine it runs on.
+
+    .venv/bin/python -m pytest tests/devices/test_machine.py
 """
 
 from __future__ import annotations

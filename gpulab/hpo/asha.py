@@ -4,33 +4,14 @@ Successive halving on a finished table (:func:`gpulab.hpo.halving.successive_hal
 once every trial has reached it, so a worker would wait for the rung to fill. ASHA (Li et al. 2020,
 "A System for Massively Parallel Hyperparameter Tuning", MLSys; arXiv 1810.05934) never waits: it
 decides with the results recorded *so far*. :class:`PromotionASHA` decides once, when a trial
-reports at a milestone (``grace_period * reduction_factor**k`` epochs, below ``max_t``):
-
-1. record the trial's result in that rung (higher is better; ``mode="min"`` flips the sign);
-2. with ``n`` results in the rung (this one included) and ``b`` of them strictly better, the trial
-   is **promoted** (``CONTINUE``) if ``b < n / reduction_factor``: it is in the top
-   ``1 / reduction_factor`` of what the rung has seen. Otherwise it is **stopped** (``STOP``).
-   A tie is not better, and a NaN (a diverged trial) is never promoted and beats nobody;
-3. a trial that reaches ``max_t`` is finished (``STOP``); between milestones it continues.
-
-How this differs from its neighbours:
-
-- Li et al.'s ``get_job`` *pauses* a trial that is not promotable yet and may promote it later,
-  when the rung has grown; here the decision is final, as in Tune's scheduler, so no checkpoint is
-  saved and restored.
-- Tune's ``ASHAScheduler`` (``ray/tune/schedulers/async_hyperband.py``, ``_Bracket.on_result`` and
-  ``cutoff``) compares the result with ``np.nanpercentile(earlier, (1 - 1/rf) * 100)`` of the
-  results recorded *before* it, a linearly interpolated quantile, and stops it only if it is
-  below. With earlier results 0.5 and 0.8 and ``rf=3``, the cutoff is 0.7, so 0.75 goes on; here
-  one of three results beats 0.75 and ``1 < 3 / 3`` fails, so it stops.
-
-Use it as any Tune scheduler (metric and mode come from the ``TuneConfig``)::
+reports at a milestone (``grace_period * reduction_factor**k`` epochs, below ``max_t``); the rule,
+and how it differs from Li et al.'s and Tune's, is in the comment below the imports. This module
+imports Ray, so ``gpulab.hpo`` does not import it. Use it as any Tune scheduler::
 
     tune.Tuner(trainable, tune_config=tune.TuneConfig(metric="accuracy", mode="max",
                scheduler=PromotionASHA(max_t=9, grace_period=1, reduction_factor=3)), ...)
 
-This module imports Ray (the scheduler subclasses Tune's ``FIFOScheduler``), so
-``gpulab.hpo`` does not import it.
+    .venv/bin/python -m pytest tests/hpo/test_asha.py
 """
 
 from __future__ import annotations
@@ -40,6 +21,25 @@ from typing import Any
 
 from gpulab.hpo.halving import rung_milestones
 from gpulab.hpo.session import import_ray
+
+# PromotionASHA's rule, when a trial reports at a milestone (metric and mode come from the
+# ``TuneConfig``; the scheduler subclasses Tune's ``FIFOScheduler``):
+# 1. record the trial's result in that rung (higher is better; ``mode="min"`` flips the sign);
+# 2. with ``n`` results in the rung (this one included) and ``b`` of them strictly better, the trial
+#    is **promoted** (``CONTINUE``) if ``b < n / reduction_factor``: it is in the top
+#    ``1 / reduction_factor`` of what the rung has seen. Otherwise it is **stopped** (``STOP``).
+#    A tie is not better, and a NaN (a diverged trial) is never promoted and beats nobody;
+# 3. a trial that reaches ``max_t`` is finished (``STOP``); between milestones it continues.
+#
+# How this differs from its neighbours:
+# - Li et al.'s ``get_job`` *pauses* a trial that is not promotable yet and may promote it later,
+#   when the rung has grown; here the decision is final, as in Tune's scheduler, so no checkpoint is
+#   saved and restored.
+# - Tune's ``ASHAScheduler`` (``ray/tune/schedulers/async_hyperband.py``, ``_Bracket.on_result`` and
+#   ``cutoff``) compares the result with ``np.nanpercentile(earlier, (1 - 1/rf) * 100)`` of the
+#   results recorded *before* it, a linearly interpolated quantile, and stops it only if it is
+#   below. With earlier results 0.5 and 0.8 and ``rf=3``, the cutoff is 0.7, so 0.75 goes on; here
+#   one of three results beats 0.75 and ``1 < 3 / 3`` fails, so it stops.
 
 import_ray()  # the fix named (make setup) when the search extra is missing
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler  # noqa: E402

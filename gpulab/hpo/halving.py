@@ -3,27 +3,15 @@
 Run every trial for a small budget (the first *rung*, e.g. 1 epoch), keep the best
 ``1 / reduction_factor`` of them for the next rung (3 epochs), the best third of those for the
 next (9 epochs), and so on. Bad trials stop after one epoch instead of nine, so most of the
-budget goes to the promising ones.
-
-- Successive halving: Jamieson & Talwalkar 2016, "Non-stochastic Best Arm Identification and
-  Hyperparameter Optimization" (arXiv 1502.07943); Hyperband runs it with several first-rung
-  budgets (Li et al. 2017, arXiv 1603.06560).
-- ASHA: Li et al. 2020, "A System for Massively Parallel Hyperparameter Tuning" (MLSys; arXiv
-  1810.05934). Its ``get_job`` asks, from the top rung down, whether some trial of rung ``k``
-  is among the best ``floor(n_k / reduction_factor)`` of that rung and not promoted yet; if so
-  it is promoted, otherwise a new trial starts in the bottom rung. No rung waits for the rung
-  to fill, so workers never idle. :func:`successive_halving` is that test, for every rung, on a
-  table; :mod:`gpulab.hpo.asha` decides as each result arrives, as a Tune scheduler.
-- Ray Tune's ``ASHAScheduler`` is a *stopping* rule instead: when a trial reaches a milestone, it
-  continues only if its metric is at least the ``1 - 1 / reduction_factor`` quantile (linearly
-  interpolated) of the results that milestone recorded *before* it (see :func:`asha_continues`).
-
-Example (higher is better)::
+budget goes to the promising ones. Sources, and how ASHA and Ray Tune apply the rule: the comment
+below the imports. Example (higher is better)::
 
     rungs = [{"a": .3, "b": .5, "c": .1, "d": .4, "e": .2, "f": .6},   # 6 trials after 1 epoch
              {"f": .7},                                                # f already promoted
              {}]
     successive_halving(rungs, 3)   # [["b"], [], []]: top 6 // 3 = 2 are f and b; f is already up
+
+    .venv/bin/python -m pytest tests/hpo/test_hpo.py
 """
 
 from __future__ import annotations
@@ -33,6 +21,19 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
+
+# - Successive halving: Jamieson & Talwalkar 2016, "Non-stochastic Best Arm Identification and
+#   Hyperparameter Optimization" (arXiv 1502.07943); Hyperband runs it with several first-rung
+#   budgets (Li et al. 2017, arXiv 1603.06560).
+# - ASHA: Li et al. 2020, "A System for Massively Parallel Hyperparameter Tuning" (MLSys; arXiv
+#   1810.05934). Its ``get_job`` asks, from the top rung down, whether some trial of rung ``k``
+#   is among the best ``floor(n_k / reduction_factor)`` of that rung and not promoted yet; if so
+#   it is promoted, otherwise a new trial starts in the bottom rung. No rung waits for the rung
+#   to fill, so workers never idle. ``successive_halving`` is that test, for every rung, on a
+#   table; ``gpulab.hpo.asha`` decides as each result arrives, as a Tune scheduler.
+# - Ray Tune's ``ASHAScheduler`` is a *stopping* rule instead: when a trial reaches a milestone, it
+#   continues only if its metric is at least the ``1 - 1 / reduction_factor`` quantile (linearly
+#   interpolated) of the results that milestone recorded *before* it (see ``asha_continues``).
 
 __all__ = ["successive_halving", "asha_continues", "replay_halving", "HalvingReplay", "rung_milestones"]
 

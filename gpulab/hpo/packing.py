@@ -10,16 +10,18 @@ slicing): the fraction is only bookkeeping, so the trials must fit in its memory
     resources = packed_resources(trials_per_device=4, num_cpus=16, num_gpus=1)  # {"gpu": 0.25, "cpu": 1.0}
     tuner = tune.Tuner(tune.with_resources(train_classifier, resources), ...)
 
-On a CPU-only machine the "device" is a core: ``{"cpu": 0.5}`` runs two trials per core, which
-pays when trials wait (for data, for I/O) instead of computing.
-
-Source: Ray Tune's user guide, "A Guide To Parallelism and Resources for Ray Tune"
-(fractional GPUs, ``tune.with_resources``).
+    .venv/bin/python -m pytest tests/hpo/test_hpo.py -k packed_resources
 """
 
 from __future__ import annotations
 
 import math
+
+# On a CPU-only machine the "device" is a core: ``{"cpu": 0.5}`` runs two trials per core, which
+# pays when trials wait (for data, for I/O) instead of computing.
+#
+# Source: Ray Tune's user guide, "A Guide To Parallelism and Resources for Ray Tune"
+# (fractional GPUs, ``tune.with_resources``).
 
 __all__ = ["packed_resources"]
 

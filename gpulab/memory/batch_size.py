@@ -3,20 +3,15 @@
 "Out of memory? Try batch size 1 first" is the right first move (if even 1 does not fit, the
 batch is not the problem), and the search generalises it: try ``lo``, then ``hi``, then halve the
 interval, each try a real step. Memory use grows with the batch (activations are linear in it),
-so whether a batch fits is monotone and about log2(hi - lo) tries find the largest one.
-
-Each try runs under a :class:`~gpulab.devices.MemoryMeter` with ``budget=`` (on any machine:
-the lab's way of having a "GPU" of a chosen size) or, with no budget, on the real GPU, where the
-CUDA allocator raises ``torch.OutOfMemoryError``. After a try that failed, what it left is freed:
-the exception (its traceback holds the step's frames and every tensor in them) is dropped,
-reference cycles are collected (``gc.collect``: about 0.1 s with torch loaded, so only after a
-failure), and on CUDA the cached blocks go back (``empty_cache``), so a failure does not make the
-next try fail too.
+so whether a batch fits is monotone and about log2(hi - lo) tries find the largest one. How a try
+runs, and what a failed one leaves behind: the comment below the imports.
 
     best = find_max_batch_size(lambda b: train_step(b), lo=1, hi=1024, budget=64 * 2**20, track=model)
 
 The bisection itself, :func:`bisect_largest`, is gpulab's one batch-size search: lab 05's
 :func:`gpulab.parallel.dp.step_memory.largest_batch` doubles up to a failing size and then uses it too.
+
+    .venv/bin/python -m pytest tests/memory/test_batch_size.py
 """
 
 from __future__ import annotations
@@ -31,6 +26,13 @@ from gpulab.devices import cuda_device_count, default_device
 from gpulab.devices.meter import MemoryMeter
 from gpulab.devices.meter_report import format_bytes
 from gpulab.devices.registry import default_for
+
+# Each try runs under a ``MemoryMeter`` with ``budget=`` (on any machine: the lab's way of having a
+# "GPU" of a chosen size) or, with no budget, on the real GPU, where the CUDA allocator raises
+# ``torch.OutOfMemoryError``. After a try that failed, what it left is freed: the exception (its
+# traceback holds the step's frames and every tensor in them) is dropped, reference cycles are
+# collected (``gc.collect``: about 0.1 s with torch loaded, so only after a failure), and on CUDA
+# the cached blocks go back (``empty_cache``), so a failure does not make the next try fail too.
 
 __all__ = ["find_max_batch_size", "bisect_largest", "free_memory", "is_out_of_memory", "Try"]
 

@@ -9,14 +9,18 @@ lab 01's hidden tests compare the student's versions with:
   does *not* show (one tiny kernel reads 100 % GPU-Util);
 - :func:`classify` - ``"compute"``, ``"data"``, ``"copy"``, ``"sync"`` or ``"host"``-bound
   (:func:`classify_profile` reads the two figures off a profile, as lab 01's exercise does);
-- :func:`workers_advice` / :func:`verdict` - one sentence with a recommendation that is derived
-  from the loader's ``num_workers`` and the machine's core count (the source posts swept
-  ``num_workers`` from 2 to 10 by hand on 16 cores and settled on 4).
+- :func:`workers_advice` / :func:`verdict` - one sentence with a recommendation derived from the
+  loader's ``num_workers`` and the machine's core count (see the comment below the imports).
+
+    .venv/bin/python -m pytest tests/profiling/test_bottleneck.py
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
+
+# The recommendation is derived, not fixed: the source posts swept ``num_workers`` from 2 to 10 by
+# hand on 16 cores and settled on 4.
 
 __all__ = ["busy_fraction", "sm_activity", "classify", "classify_profile", "suggested_workers", "workers_advice", "verdict", "COMPUTE_BOUND_AT", "PHASES"]
 

@@ -1,24 +1,17 @@
 """A training loop's data wait and step, measured twice, by two instruments that share nothing.
 
 - :func:`profile_phases` (lab 01's reference for the exercise of the same name) records the loop
-  with ``torch.profiler`` directly: a ``schedule(wait=1, warmup=1, active=...)``, ``prof.step()``
-  after every step, and two ``record_function`` ranges of its own in each step, :data:`DATA`
-  around ``next(loader)`` and :data:`STEP` around the training step. ``profile_loop``'s
-  ``gpulab/...`` ranges appear nowhere.
-- :class:`Stopwatch` times the same run from outside: it wraps the loader and the step and reads
-  ``time.perf_counter()`` around each batch fetched and each step called. It opens no profiler
-  range and reads nothing the profiler wrote, so when the two agree, they agree about the loop,
-  not about each other's labels.
-
-::
+  with ``torch.profiler`` directly: two ``record_function`` ranges of its own in each step,
+  :data:`DATA` around ``next(loader)`` and :data:`STEP` around the training step;
+- :class:`Stopwatch` times the same run from outside, with ``time.perf_counter()`` (how the two
+  share nothing: the comment below the imports).
 
     watch = Stopwatch()
     prof = profile_phases(watch.loader(loader), watch.step(train_step), "loop.json", active=6)
     trace_shares("loop.json", [DATA, STEP])   # the profiler: each range / the recorded steps
     watch.shares(skip=2)                      # the stopwatch, over the same 6 steps
 
-The loop itself is the seed posts' ``for batch in loader: train_step(batch)``, written with an
-explicit ``next()`` so that the wait for a batch can sit inside a range.
+    .venv/bin/python -m pytest tests/profiling/test_phases.py
 """
 
 from __future__ import annotations
@@ -30,6 +23,15 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
+
+# profile_phases uses a ``schedule(wait=1, warmup=1, active=...)``, ``prof.step()`` after every
+# step, and its own two ranges: ``profile_loop``'s ``gpulab/...`` ranges appear nowhere. Stopwatch
+# wraps the loader and the step and reads ``time.perf_counter()`` around each batch fetched and
+# each step called. It opens no profiler range and reads nothing the profiler wrote, so when the two
+# agree, they agree about the loop, not about each other's labels.
+#
+# The loop itself is the seed posts' ``for batch in loader: train_step(batch)``, written with an
+# explicit ``next()`` so that the wait for a batch can sit inside a range.
 
 __all__ = ["DATA", "STEP", "Stopwatch", "profile_phases", "trace_shares"]
 

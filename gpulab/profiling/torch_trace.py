@@ -1,30 +1,17 @@
 """torch.profiler beside ``profile_loop``: the same loop recorded as a Chrome/Perfetto trace.
 
-``profile_loop`` labels every step's phases with ``torch.profiler.record_function``
-(:data:`DATA_WAIT`, :data:`COPY`, :data:`COMPUTE`), so any torch.profiler session that is
-running sees them. Pass a :class:`TorchTrace` to let ``profile_loop`` run that session itself::
+``profile_loop`` labels every step's phases with ``torch.profiler.record_function`` (:data:`DATA_WAIT`,
+:data:`COPY`, :data:`COMPUTE`), so any torch.profiler session that is running sees them. Pass a
+:class:`TorchTrace` to let ``profile_loop`` run that session itself::
 
     trace = TorchTrace("loop.json", wait=1, warmup=1, active=5)
     prof = profile_loop(loader, step_fn, accel, num_steps=trace.steps_needed, trace=trace)
     print(trace.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
     label_shares(trace.key_averages(), LABELS)   # ~ prof.fractions over the same steps
 
-From a shell: ``python -m gpulab profile --trace loop.json``. Open the file in
-https://ui.perfetto.dev (drag it onto the page) or in Chrome at ``chrome://tracing`` (Load).
-
-What is recorded (PyTorch's profiler recipe, "Using profiler to analyze execution time", and the
-``torch.profiler`` API reference):
-
-- CPU activities always (every ``aten::`` op the host runs, with its time), CUDA activities
-  (kernels, memcpys, on the GPU's own timeline) when the accelerator is a real GPU;
-- the ``schedule(wait, warmup, active, repeat=1)``: the first ``wait`` steps are not recorded, the
-  next ``warmup`` are recorded and thrown away (the profiler's own start-up cost lands there), the
-  ``active`` ones are kept; each step is a ``ProfilerStep#N`` range, N counting from 0;
-- the file is written once, when the active steps are done (``on_trace_ready``).
-
-:func:`top_ops` and :func:`label_shares` read ``key_averages()``, and :func:`profile_training` records
-a few training steps with ``torch.profiler`` directly: they are the references lab 01's exercises are
-graded against.
+From a shell: ``python -m gpulab profile --trace loop.json``; open the file in https://ui.perfetto.dev
+or Chrome's ``chrome://tracing``. :func:`top_ops`, :func:`label_shares` and :func:`profile_training`
+are the references lab 01's exercises are graded against (what is recorded: the comment below the imports).
 """
 
 from __future__ import annotations
@@ -36,6 +23,21 @@ from typing import Any, ContextManager, Iterable, Sequence
 
 import torch
 from torch.profiler import ProfilerActivity, record_function
+
+# Open the trace in https://ui.perfetto.dev (drag it onto the page) or in Chrome at
+# ``chrome://tracing`` (Load).
+#
+# What is recorded (PyTorch's profiler recipe, "Using profiler to analyze execution time", and the
+# ``torch.profiler`` API reference):
+# - CPU activities always (every ``aten::`` op the host runs, with its time), CUDA activities
+#   (kernels, memcpys, on the GPU's own timeline) when the accelerator is a real GPU;
+# - the ``schedule(wait, warmup, active, repeat=1)``: the first ``wait`` steps are not recorded, the
+#   next ``warmup`` are recorded and thrown away (the profiler's own start-up cost lands there), the
+#   ``active`` ones are kept; each step is a ``ProfilerStep#N`` range, N counting from 0;
+# - the file is written once, when the active steps are done (``on_trace_ready``).
+#
+# ``top_ops`` and ``label_shares`` read ``key_averages()``, and ``profile_training`` records a few
+# training steps with ``torch.profiler`` directly.
 
 __all__ = ["TorchTrace", "DATA_WAIT", "COPY", "COMPUTE", "LABELS", "label", "top_ops", "label_shares", "profile_training",
            "check_trace_path"]

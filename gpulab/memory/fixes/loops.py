@@ -1,19 +1,11 @@
 """Training and evaluation loops that keep memory flat: the references for lab 08's exercises.
 
-The leaks they avoid (lab 08 reproduces each one under a memory budget):
+The leaks they avoid (lab 08 reproduces each one under a memory budget): summing loss tensors
+(``total += loss``), keeping outputs (``outputs.append(out)``) and evaluating without
+``torch.no_grad()``. Why each one leaks, and what these loops keep instead: the comment below
+the imports.
 
-- **summing loss tensors.** ``total += loss`` keeps a tensor with a graph. In an evaluation loop
-  without ``no_grad`` that graph holds every batch's saved activations, so memory grows by a
-  whole forward pass per batch. (In a training loop ``backward`` has already freed the saved
-  tensors, so only autograd's bookkeeping is kept, unless ``retain_graph=True`` keeps them too.)
-  Keep a number without a graph: ``loss.detach()`` summed on the device and read once at the
-  end, as here. ``loss.item()`` per step also drops the graph, but it is a host-device sync per
-  step (lab 01): the host waits for the GPU to finish the step before it can queue the next.
-- **keeping outputs.** ``outputs.append(out)`` keeps the logits and, without ``no_grad``, their
-  graph. ``out.detach()`` drops the graph but keeps every logit. Keep what is needed, and
-  summarise as you go: a running count of correct predictions stays one number.
-- **evaluating without ``torch.no_grad()``.** Every op records what backward would need, so an
-  evaluation step holds as much as a training step's forward.
+    .venv/bin/python -m pytest tests/memory/fixes/test_loops.py
 """
 
 from __future__ import annotations
@@ -22,6 +14,20 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
+
+# The leaks these loops avoid:
+# - summing loss tensors. ``total += loss`` keeps a tensor with a graph. In an evaluation loop
+#   without ``no_grad`` that graph holds every batch's saved activations, so memory grows by a
+#   whole forward pass per batch. (In a training loop ``backward`` has already freed the saved
+#   tensors, so only autograd's bookkeeping is kept, unless ``retain_graph=True`` keeps them too.)
+#   Keep a number without a graph: ``loss.detach()`` summed on the device and read once at the
+#   end, as here. ``loss.item()`` per step also drops the graph, but it is a host-device sync per
+#   step (lab 01): the host waits for the GPU to finish the step before it can queue the next.
+# - keeping outputs. ``outputs.append(out)`` keeps the logits and, without ``no_grad``, their
+#   graph. ``out.detach()`` drops the graph but keeps every logit. Keep what is needed, and
+#   summarise as you go: a running count of correct predictions stays one number.
+# - evaluating without ``torch.no_grad()``. Every op records what backward would need, so an
+#   evaluation step holds as much as a training step's forward.
 
 __all__ = ["train_epoch", "evaluate"]
 
@@ -73,7 +79,7 @@ def evaluate(model: nn.Module, loss_fn: Callable,
                 outputs = model(inputs)
                 # running totals stay on the device: no .item() (a host sync) per batch
                 batch_loss = loss_fn(outputs, targets) * targets.shape[0]
-                hits = (outputs.argmax(dim=1) == targets).sum()
+                hits = (outputs.argmax(dim=1) == targets).sum()  # (B, classes) -> (B,) -> ()
                 total = batch_loss if total is None else total + batch_loss
                 correct = hits if correct is None else correct + hits
                 count += targets.shape[0]

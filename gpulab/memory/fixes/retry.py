@@ -1,19 +1,16 @@
 """step_or_split: a training step that survives out-of-memory by splitting the batch (lab 08's exercise 3).
 
-Gradient accumulation computes the gradient of a batch of B samples in ``k`` micro-batches:
-each micro-batch's loss is scaled by its share of the batch (``b_i / B`` for a mean loss) and
-``backward`` adds its gradient into ``.grad``; one ``optimizer.step()`` follows. The sum is the
-full batch's gradient (up to float rounding), so the *effective* batch, and therefore the training,
-is the same; only the peak memory of activations drops, by about ``k``. (Hugging Face Accelerate's
-``find_executable_batch_size`` shrinks the batch instead, which changes the training; this keeps it.)
+When a step runs out of memory, :func:`step_or_split` drops the partial gradients, frees what the
+failed attempt held, and runs the *same* batch again in one more micro-batch (gradient
+accumulation, which leaves the training unchanged: the comment below the imports), so the split
+it reports is the fewest that fit. Out-of-memory counts as the allocator's
+``torch.OutOfMemoryError`` and as cuBLAS/cuDNN's plain ``RuntimeError``
+(:func:`gpulab.memory.batch_size.is_out_of_memory`).
 
     for inputs, targets in loader:
         loss, micro_batches = step_or_split(model, optimizer, nn.CrossEntropyLoss(), inputs, targets)
 
-When a step runs out of memory, :func:`step_or_split` drops the partial gradients, frees what the
-failed attempt held, and runs the *same* batch again in one more micro-batch, so the split it
-reports is the fewest that fit. Out-of-memory counts as the allocator's ``torch.OutOfMemoryError``
-and as cuBLAS/cuDNN's plain ``RuntimeError`` (:func:`gpulab.memory.batch_size.is_out_of_memory`).
+    .venv/bin/python -m pytest tests/memory/fixes/test_retry.py
 """
 
 from __future__ import annotations
@@ -24,6 +21,14 @@ import torch
 from torch import nn
 
 from gpulab.memory.batch_size import free_memory, is_out_of_memory
+
+# Gradient accumulation computes the gradient of a batch of B samples in ``k`` micro-batches:
+# each micro-batch's loss is scaled by its share of the batch (``b_i / B`` for a mean loss) and
+# ``backward`` adds its gradient into ``.grad``; one ``optimizer.step()`` follows. The sum is the
+# full batch's gradient (up to float rounding), so the *effective* batch, and therefore the
+# training, is the same; only the peak memory of activations drops, by about ``k``. (Hugging Face
+# Accelerate's ``find_executable_batch_size`` shrinks the batch instead, which changes the
+# training; this keeps it.)
 
 __all__ = ["step_or_split"]
 
@@ -48,6 +53,7 @@ def _accumulate(model: nn.Module, loss_fn: Callable, inputs: torch.Tensor, targe
     """Forward and backward in chunks, gradients added into ``.grad``; the batch's loss."""
     batch = inputs.shape[0]
     total = torch.zeros((), device=inputs.device)
+    # (B, ...) -> micro_batches pieces of (about B / micro_batches, ...) rows, sizes differing by one at most
     for x, y in zip(torch.tensor_split(inputs, micro_batches), torch.tensor_split(targets, micro_batches)):
         if x.shape[0] == 0:
             continue

@@ -1,22 +1,17 @@
 """Less memory per step: bf16 autocast and activation checkpointing, and how to measure the peak.
 
-A training step's peak is mostly activations saved for backward. Two standard ways to shrink it:
+A training step's peak is mostly activations saved for backward. Two standard ways to shrink it
+(what each keeps, and what it costs: the comment below the imports):
 
 - **bf16 autocast** (``torch.autocast(device_type, dtype=torch.bfloat16)``): matmuls and
-  convolutions run in bfloat16, so the activations they produce and save take 2 bytes instead of
-  4. The weights stay float32 (autocast casts a bf16 copy per region, cached), so do the
-  gradients; losses run in float32 (on CUDA also softmax and layer norm, which CPU autocast
-  leaves in their input's dtype), and element-wise ops follow their inputs. bf16 has
-  float32's exponent range, so unlike fp16 it needs no loss scaling (``GradScaler``). The seed
-  notes say "fp16"; on a GPU since Ampere, and on CPUs, bf16 is the better default.
-- **activation checkpointing** (``torch.utils.checkpoint.checkpoint``, Chen et al. 2016,
-  "Training Deep Nets with Sublinear Memory Cost", arXiv 1604.06174): a checkpointed block keeps
-  only its input; backward runs its forward again to get the activations back. Memory for n
-  blocks drops from n blocks' activations to n inputs plus one block's activations, for about one
-  extra forward pass of compute. Results are the same, exactly.
+  convolutions save the activations they produce in 2 bytes instead of 4;
+- **activation checkpointing** (``torch.utils.checkpoint.checkpoint``): a checkpointed block keeps
+  only its input; backward runs its forward again to get the activations back.
 
 The references here are what lab 08's exercises are compared with; the workloads of
 :func:`lab_workloads` (a small CNN and a transformer stack) are what ``benchmarks/memory.py`` measures.
+
+    .venv/bin/python -m pytest tests/memory/fixes/test_savings.py
 """
 
 from __future__ import annotations
@@ -32,6 +27,19 @@ from torch.utils.checkpoint import checkpoint
 from gpulab.devices.meter import MemoryMeter
 from gpulab.devices.registry import default_for
 from gpulab.models import SmallCNN
+
+# - bf16 autocast: matmuls and convolutions run in bfloat16, so the activations they produce and
+#   save take 2 bytes instead of 4. The weights stay float32 (autocast casts a bf16 copy per
+#   region, cached), so do the gradients; losses run in float32 (on CUDA also softmax and layer
+#   norm, which CPU autocast leaves in their input's dtype), and element-wise ops follow their
+#   inputs. bf16 has float32's exponent range, so unlike fp16 it needs no loss scaling
+#   (``GradScaler``). The seed notes say "fp16"; on a GPU since Ampere, and on CPUs, bf16 is the
+#   better default.
+# - activation checkpointing (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost",
+#   arXiv 1604.06174): a checkpointed block keeps only its input; backward runs its forward again
+#   to get the activations back. Memory for n blocks drops from n blocks' activations to n inputs
+#   plus one block's activations, for about one extra forward pass of compute. Results are the
+#   same, exactly.
 
 __all__ = ["peak_memory", "fp32_step", "bf16_step", "segment_sizes", "checkpointed_forward", "checkpointed_step", "Workload", "lab_workloads"]
 
@@ -149,7 +157,7 @@ def _transformer_stack(num_layers: int = 4, d_model: int = 128, nhead: int = 4, 
 
 def _token_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over every token: outputs (B, T, C), targets (B, T)."""
-    return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
+    return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())  # (B, T, C) -> (B*T, C); (B, T) -> (B*T,)
 
 
 @dataclass

@@ -10,12 +10,8 @@
    place; every handle is waited for and the averages copied back into ``.grad``.
 
 Unused parameters follow torch DDP with ``find_unused_parameters=True`` (one more all-reduce
-counts the ranks that used each). Inside a rank: ``BucketedDDP(Net(), bucket_size_mb=1)``;
-``pytest tests/parallel/ddp/test_allreduce.py``.
-
-Torch's reducer (``torch/csrc/distributed/c10d/reducer.cpp``) starts with one bucket (when
-``find_unused_parameters=False``), then rebuilds its buckets in the order the gradients were ready,
-closing a bucket once it *reaches* the cap, the first at 1 MiB: :mod:`gpulab.parallel.ddp.rebuild`.
+counts the ranks that used each). How torch's reducer differs: the comment below the imports.
+Inside a rank: ``BucketedDDP(Net(), bucket_size_mb=1)``; ``pytest tests/parallel/ddp/test_allreduce.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +23,10 @@ import torch.distributed as dist
 from torch import nn
 
 from gpulab.parallel.ddp.wrapper import DataParallelWrapper, at_end_of_backward
+
+# Torch's reducer (``torch/csrc/distributed/c10d/reducer.cpp``) starts with one bucket (when
+# ``find_unused_parameters=False``), then rebuilds its buckets in the order the gradients were ready,
+# closing a bucket once it *reaches* the cap, the first at 1 MiB: ``gpulab.parallel.ddp.rebuild``.
 
 __all__ = ["bucket_assignment", "BucketedDDP"]
 

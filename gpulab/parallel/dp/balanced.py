@@ -1,36 +1,18 @@
 """The balanced criterion: compute the loss on every device, so that only scalars cross (lab 05).
 
-Why DataParallel is unbalanced: it gathers every output on one device only because the loss
-function wants them in one place. With a large output (a 30,000-word vocabulary head), that device
-then holds the whole batch's logits, the loss's temporaries and their gradients, while the others
-hold a quarter of them; its memory caps the batch size for all. Moving the gather with
-``output_device=devices[1]`` moves the problem, and it grows with the batch.
-
-The fix, from Hang Zhang's PyTorch-Encoding (``encoding/parallel.py``), is to make the loss
-parallel too:
-
-- :class:`DataParallelModel` is DataParallel without the gather: it returns the list of per-device
-  outputs, each left on its device.
-- :class:`DataParallelCriterion` scatters the targets to match those outputs, computes the loss on
-  each device in parallel threads, and gathers only the per-device *scalars* onto ``devices[0]``,
-  where they are averaged. Backward sends each scalar's gradient back to its device.
-
-Every device then holds only its own piece, and the batch can grow until *each* device is full.
-Whether the bigger batch shortens training depends on the learning rate and on the task: see
-:mod:`gpulab.parallel.dp.batch_scaling`, which measures the time to a target loss.
-
-Two things differ from PyTorch-Encoding. Its criterion called ``loss_fn(*(output + targets))``,
-so a model had to ``return (x,)``, a one-element tuple, or fail with a confusing ``TypeError``;
-here a model may return a tensor or a tuple. And the per-device losses are averaged weighted by
-their rows, so a mean-reduced loss equals the single-device loss even when the batch splits
-unevenly (PyTorch-Encoding averaged them equally, which is exact only for even splits).
-
-Example::
+DataParallel gathers every output on one device, which then holds the whole batch's logits, the
+loss's temporaries and their gradients; its memory caps the batch size for all. The fix, from Hang
+Zhang's PyTorch-Encoding (``encoding/parallel.py``), makes the loss parallel too:
+:class:`DataParallelModel` returns the per-device outputs without the gather, and
+:class:`DataParallelCriterion` computes the loss on each device and gathers only the scalars.
+Why, and how this differs from PyTorch-Encoding: the comment below the imports.
 
     model = DataParallelModel(LargeVocabHead(), devices)
     criterion = DataParallelCriterion(nn.CrossEntropyLoss(), devices)
     loss = criterion(model(x), y)     # y is scattered like x was; only 4 scalars are gathered
     loss.backward()
+
+    .venv/bin/python -m pytest tests/parallel/dp/test_balanced.py
 """
 
 from __future__ import annotations
@@ -47,6 +29,29 @@ from gpulab.parallel import comm
 from gpulab.parallel.dp.data_parallel import DataParallel
 from gpulab.parallel.dp.parallel_apply import parallel_apply
 from gpulab.parallel.dp.replicate import check_module_on, replicate
+
+# Why DataParallel is unbalanced: it gathers every output on one device only because the loss
+# function wants them in one place. With a large output (a 30,000-word vocabulary head), that device
+# then holds the whole batch's logits, the loss's temporaries and their gradients, while the others
+# hold a quarter of them; its memory caps the batch size for all. Moving the gather with
+# ``output_device=devices[1]`` moves the problem, and it grows with the batch.
+#
+# The fix, from Hang Zhang's PyTorch-Encoding (``encoding/parallel.py``), is to make the loss
+# parallel too:
+# - ``DataParallelModel`` is DataParallel without the gather: it returns the list of per-device
+#   outputs, each left on its device.
+# - ``DataParallelCriterion`` scatters the targets to match those outputs, computes the loss on
+#   each device in parallel threads, and gathers only the per-device *scalars* onto ``devices[0]``,
+#   where they are averaged. Backward sends each scalar's gradient back to its device.
+# Every device then holds only its own piece, and the batch can grow until *each* device is full.
+# Whether the bigger batch shortens training depends on the learning rate and on the task: see
+# ``gpulab.parallel.dp.batch_scaling``, which measures the time to a target loss.
+#
+# Two things differ from PyTorch-Encoding. Its criterion called ``loss_fn(*(output + targets))``,
+# so a model had to ``return (x,)``, a one-element tuple, or fail with a confusing ``TypeError``;
+# here a model may return a tensor or a tuple. And the per-device losses are averaged weighted by
+# their rows, so a mean-reduced loss equals the single-device loss even when the batch splits
+# unevenly (PyTorch-Encoding averaged them equally, which is exact only for even splits).
 
 __all__ = ["DataParallelModel", "DataParallelCriterion", "parallel_loss"]
 
@@ -159,6 +164,7 @@ class DataParallelCriterion(nn.Module):
                 raise ValueError(
                     f"targets[{k}] has shape {tuple(t.shape)}, {n} rows along dim={self.dim}, but the outputs have "
                     f"{total} rows ({split} on {len(rows)} devices): pass the targets of the batch the model saw")
+            # (N, ...) -> one piece of (rows[i], ...) per device, along self.dim
             for i, (piece, dev) in enumerate(zip(t.split(rows, self.dim), devices)):
                 per_device[i].append(comm.to(piece, dev))
         return [tuple(p) for p in per_device]
@@ -179,9 +185,9 @@ class DataParallelCriterion(nn.Module):
         # The only transfer of the step: len(devices) scalars to devices[0].
         per_device = comm.gather([loss.reshape(()) for loss in losses], self.output_device)  # (n,)
         if self.reduction == "sum":
-            return per_device.sum()
+            return per_device.sum()  # (n,) -> ()
         weights = torch.tensor([r / sum(rows) for r in rows], dtype=per_device.dtype, device=per_device.device)
-        return (per_device * weights).sum()
+        return (per_device * weights).sum()  # (n,) * (n,) -> ()
 
     def extra_repr(self) -> str:
         return f"devices={[str(d) for d in self.devices]}, reduction={self.reduction!r}"

@@ -3,30 +3,15 @@
 Lab 05 finds that the balanced criterion fits a batch several times larger in the same memory.
 Fewer steps per epoch is not the same as less training time: a bigger batch changes the learning
 rate the optimiser needs, and the number of steps (and samples) it takes to reach a given loss.
-
-- **Linear scaling rule** (Goyal et al. 2017, "Accurate, Large Minibatch SGD: Training ImageNet in
-  1 Hour", arXiv 1706.02677): when the batch grows ``k`` times, multiply the learning rate by ``k``,
-  and ramp it up from the base rate over the first steps ("gradual warmup"), because the first
-  steps of a large rate can diverge. :func:`scaled_lr` is that schedule.
-- **Steps to a result stop falling** past a workload-dependent batch size: perfect scaling
-  (``k`` times the batch, ``k`` times fewer steps) up to it, diminishing returns after it
-  (Shallue et al. 2018, "Measuring the Effects of Data Parallelism on Neural Network Training",
-  arXiv 1811.03600; McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", arXiv
-  1812.06162, call it the critical batch size).
-
-:func:`time_to_target` measures it on a small CPU task (:class:`ScalingTask`: an MLP learning a
-fixed random teacher network's labels): SGD with momentum at one batch size and learning-rate
-schedule, the loss on a held-out set every ``eval_every`` samples, until it crosses ``target``.
-Every training sample is new (one pass over a large pool), so the held-out loss is the loss on the
-task itself, not a measure of overfitting a small set.
-The clock counts training steps only (the evaluations are paused out of it), one intra-op thread,
-so runs of different batch sizes compete for the same core the same way.
-
-Example::
+:func:`scaled_lr` is the linear scaling rule with warmup; :func:`time_to_target` measures the time
+to a target loss on a small CPU task (:class:`ScalingTask`). Sources, and what is measured: the
+comment below the imports.
 
     task = ScalingTask()
     run = time_to_target(task, 256, lambda step: scaled_lr(step, 0.04, 64, 256, warmup_steps=10), 0.5)
     print(run.steps, run.samples, run.seconds, run.reached)
+
+    .venv/bin/python -m pytest tests/parallel/dp/test_batch_scaling.py
 """
 
 from __future__ import annotations
@@ -40,6 +25,24 @@ import torch
 import torch.nn.functional as F
 
 from gpulab.models import MLP
+
+# - Linear scaling rule (Goyal et al. 2017, "Accurate, Large Minibatch SGD: Training ImageNet in
+#   1 Hour", arXiv 1706.02677): when the batch grows ``k`` times, multiply the learning rate by ``k``,
+#   and ramp it up from the base rate over the first steps ("gradual warmup"), because the first
+#   steps of a large rate can diverge. ``scaled_lr`` is that schedule.
+# - Steps to a result stop falling past a workload-dependent batch size: perfect scaling
+#   (``k`` times the batch, ``k`` times fewer steps) up to it, diminishing returns after it
+#   (Shallue et al. 2018, "Measuring the Effects of Data Parallelism on Neural Network Training",
+#   arXiv 1811.03600; McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", arXiv
+#   1812.06162, call it the critical batch size).
+#
+# ``time_to_target`` measures it on a small CPU task (``ScalingTask``: an MLP learning a fixed
+# random teacher network's labels): SGD with momentum at one batch size and learning-rate
+# schedule, the loss on a held-out set every ``eval_every`` samples, until it crosses ``target``.
+# Every training sample is new (one pass over a large pool), so the held-out loss is the loss on the
+# task itself, not a measure of overfitting a small set. The clock counts training steps only (the
+# evaluations are paused out of it), one intra-op thread, so runs of different batch sizes compete
+# for the same core the same way.
 
 __all__ = ["ScalingTask", "TargetRun", "scaled_lr", "time_to_target"]
 

@@ -1,29 +1,18 @@
 """Memory of one data-parallel training step per device, and the largest batch a budget allows
 (the measurements of labs 04 and 05, and of ``benchmarks/dataparallel.py``).
 
-:func:`step_memory` runs forward, loss and backward once inside a
-:class:`~gpulab.devices.MemoryMeter` and returns its report: peak bytes per logical device, and their
-imbalance (largest peak / smallest). :func:`fits_in_budget` asks the same with a per-device budget:
-does the step run, or does some device run out of memory? :func:`largest_batch` searches the
-largest batch size for which a predicate holds, by doubling and then bisection, so it needs about
-``2 * log2(answer)`` probes rather than one per size.
-
-What is counted: the model's parameters and the batch, both on ``devices[0]`` before the step (as
-a batch a DataLoader sent to the first GPU), and everything the step allocates on every device.
-Gradients are cleared before and after, so every measurement starts from the same state.
-
-Caveat: under any ``TorchDispatchMode`` (the meter is one) autograd sums the gradients that meet at
-one tensor out of place (``a + b``) instead of in place (``a.add_(b)``, what it does without a mode).
-Where the replicas' gradients are added onto the original weights (device 0), the meter therefore
-counts one parameter-sized buffer more than an unmetered run allocates: a model whose parameters
-outweigh its activations shows 4x the parameters on device 0 where 3x are really needed.
-
-Example::
+:func:`step_memory` runs forward, loss and backward once inside a :class:`~gpulab.devices.MemoryMeter`
+and returns its report: peak bytes per logical device, and their imbalance (largest peak / smallest).
+:func:`fits_in_budget` asks the same with a per-device budget: does the step run, or does some device
+run out of memory? :func:`largest_batch` searches the largest batch size for which a predicate holds,
+by doubling and then bisection (what is counted, and a caveat: the comment below the imports).
 
     report = step_memory(DataParallel(head, devices), F.cross_entropy, x, y, devices)
     print(report)                    # the table; report.imbalance; report.plot()
     best = largest_batch(lambda b: fits_in_budget(model, F.cross_entropy, *make_batch(b),
                                                   devices, budget=128 * 2**20), multiple=4)
+
+    .venv/bin/python -m pytest tests/parallel/dp/test_step_memory.py
 """
 
 from __future__ import annotations
@@ -39,6 +28,19 @@ from gpulab.devices.validate import check_devices
 from gpulab.memory.batch_size import bisect_largest
 from gpulab.models import LargeVocabHead
 from gpulab.parallel import comm
+
+# largest_batch doubles and then bisects, so it needs about ``2 * log2(answer)`` probes rather
+# than one per size.
+#
+# What is counted: the model's parameters and the batch, both on ``devices[0]`` before the step (as
+# a batch a DataLoader sent to the first GPU), and everything the step allocates on every device.
+# Gradients are cleared before and after, so every measurement starts from the same state.
+#
+# Caveat: under any ``TorchDispatchMode`` (the meter is one) autograd sums the gradients that meet at
+# one tensor out of place (``a + b``) instead of in place (``a.add_(b)``, what it does without a mode).
+# Where the replicas' gradients are added onto the original weights (device 0), the meter therefore
+# counts one parameter-sized buffer more than an unmetered run allocates: a model whose parameters
+# outweigh its activations shows 4x the parameters on device 0 where 3x are really needed.
 
 __all__ = ["HeadWorkload", "step_memory", "fits_in_budget", "largest_batch"]
 

@@ -6,7 +6,7 @@ only (lab 09's exercise; Rajbhandari et al., "ZeRO", SC 2020; torch's ``ZeroRedu
 3. the gradients are averaged over the ranks first, as in DDP (every rank has every gradient);
 4. ``step()`` updates the owned share, then each owner broadcasts it: the replicas agree again.
 
-Inside a rank started by :func:`gpulab.parallel.launch` (tests: tests/parallel/sharding/test_zero1.py)::
+Inside a rank started by :func:`gpulab.parallel.launch` (``pytest tests/parallel/sharding/test_zero1.py``)::
 
     model = NaiveDDP(Net())
     opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)

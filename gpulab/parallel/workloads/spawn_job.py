@@ -2,11 +2,7 @@
 all fixed by one seed, so that a script started with ``mp.spawn`` and one process on the whole
 batch can be compared parameter for parameter.
 
-The source posts start DDP the way PyTorch's ImageNet example does: a script whose
-``if __name__ == "__main__":`` block calls ``torch.multiprocessing.spawn(main_worker, nprocs=N,
-args=(...))``; each ``main_worker(rank, world_size, ...)`` joins the process group, wraps the
-model in ``DistributedDataParallel`` and reads its shard through a ``DistributedSampler``. The
-student writes that script; it builds its job with::
+The student writes that script (how it is built: the comment below the imports); it builds its job with::
 
     from gpulab.parallel.workloads.spawn_job import make_job
     job = make_job(seed)          # job.model, job.dataset, job.global_batch_size, job.lr, ...
@@ -14,6 +10,8 @@ student writes that script; it builds its job with::
 Every process that calls ``make_job(seed)`` gets the same initial weights and the same samples.
 :func:`single_process_training` is what a correct script's rank 0 ends with (the grader's expected
 value; masked while lab 06 is graded, since a script could save it instead of training).
+
+    .venv/bin/python -m pytest tests/parallel/workloads/test_spawn_job.py
 """
 
 from __future__ import annotations
@@ -26,6 +24,11 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from gpulab.models import MLP
+
+# The source posts start DDP the way PyTorch's ImageNet example does: a script whose
+# ``if __name__ == "__main__":`` block calls ``torch.multiprocessing.spawn(main_worker, nprocs=N,
+# args=(...))``; each ``main_worker(rank, world_size, ...)`` joins the process group, wraps the
+# model in ``DistributedDataParallel`` and reads its shard through a ``DistributedSampler``.
 
 __all__ = ["SpawnJob", "make_job", "single_process_training", "SIZES"]
 
