@@ -22,14 +22,13 @@ import contextlib
 import functools
 import math
 import types
-from collections import Counter
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpulab.grading.lab09 import OPTIMIZERS, _data, _model, single_process_params
+from gpulab.grading.lab09 import OPTIMIZERS, _data, _model, counting_built, single_process_params
 from gpulab.parallel import launch, rank_device
 from gpulab.parallel.sharding.accumulation import COUNTED, count_collectives
 from gpulab.parallel.sharding.state_bytes import optimizer_state_bytes
@@ -47,27 +46,6 @@ def _refused_classes() -> dict[str, type]:
     from torch.nn.parallel import DistributedDataParallel
 
     return dict(zip(REFUSED, (ZeroRedundancyOptimizer, DistributedDataParallel, FullyShardedDataParallel, FSDPState)))
-
-
-@contextlib.contextmanager
-def _counting_refused() -> Iterator[Counter]:
-    """Count the objects of torch's own ZeRO, DDP and FSDP built inside the block, whatever name they
-    were imported under (the classes' ``__init__`` are wrapped, in this rank's process only)."""
-    built: Counter[str] = Counter()
-    saved = {}
-    for name, cls in _refused_classes().items():
-        saved[cls] = original = cls.__init__
-
-        def counted(self: Any, *args: Any, _name: str = name, _original: Callable = original, **kwargs: Any) -> None:
-            built[_name] += 1
-            _original(self, *args, **kwargs)
-
-        cls.__init__ = counted
-    try:
-        yield built
-    finally:
-        for cls, original in saved.items():
-            cls.__init__ = original
 
 
 class _C10dOps(TorchDispatchMode):
@@ -121,7 +99,7 @@ def _zero2_rank(rank, world_size, zero_cls, model_name, optimizer, num_steps, se
     inputs, targets = (t.chunk(world_size)[rank].to(device) for t in _data(seed=seed))  # this rank's shard of the batch
     model = _model(model_name).to(device)
     calls, c10d = [], []
-    with _counting_refused() as built:
+    with counting_built(_refused_classes()) as built:
         opt = zero_cls(model.parameters(), opt_cls, **kwargs)
         for _ in range(num_steps):
             with count_collectives() as counted, _C10dOps() as ops:  # the whole iteration: hooks count too
