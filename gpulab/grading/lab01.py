@@ -286,7 +286,7 @@ def phases_run(profile_fn: Callable[..., Any], seed: int, case: dict[str, Any], 
 
     Returns:
         ``ranges`` (:func:`annotations` of the trace), ``profiler`` (the ``data`` and ``step``
-        ranges' shares of the recorded steps, read from the trace), ``stopwatch`` (the same shares
+        ranges' shares of their sum over the recorded steps, read from the trace), ``stopwatch`` (the same shares
         timed by the stopwatch over the same steps), ``batches`` (how many the loop fetched) and
         ``params`` (the model's parameters afterwards).
     """
@@ -296,7 +296,7 @@ def phases_run(profile_fn: Callable[..., Any], seed: int, case: dict[str, Any], 
     watch = Stopwatch()
     profile_fn(watch.loader(loader), watch.step(train_step), trace_path, active=case["active"])
     out: dict[str, Any] = {"batches": len(watch.data_s), "ranges": annotations(trace_path)}
-    out["profiler"] = trace_shares(trace_path, [DATA, STEP])
+    out["profiler"] = trace_shares(trace_path, [DATA, STEP], of_labels=True)  # as the stopwatch counts
     out["stopwatch"] = watch.shares(skip=2)
     out["params"] = [p.detach().clone() for p in model.parameters()]
     return out

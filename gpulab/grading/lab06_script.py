@@ -80,8 +80,11 @@ def _explain(proc: subprocess.Popen, output: str, out: Path, timeout: float, tim
         if any(s in output for s in _PORT_TAKEN):
             why += (": the port it listens on was taken (another job on this machine). Let the main process pick "
                     "a free port before it spawns the ranks, and pass it to them")
-        elif "ProcessRaisedException" in output or "process 1 terminated" in output:
+        elif "ProcessRaisedException" in output:
             why += ": a rank raised (its traceback is below)"
+        elif "terminated with signal" in output:
+            why += (": a rank was killed by a signal, twice in a row (its native code crashed; the last lines "
+                    "below say which rank and which signal)")
     else:
         why = f"exited normally, but rank 0 saved nothing at {out} (the --out argument)"
     return f"`python {' '.join(proc.args[1:])}` {why}.\n--- the script's output (last lines) ---\n{tail}"
@@ -90,6 +93,9 @@ def _explain(proc: subprocess.Popen, output: str, out: Path, timeout: float, tim
 def run_scripts(path: str | os.PathLike, seeds: Sequence[int], *, epochs: int = 2, world_size: int = 2,
                 timeout: float = 120) -> list[dict[str, Any]]:
     """Start one job per seed at the same moment and wait for all of them.
+
+    A job whose rank died of a signal in native code (gloo's C++ aborting at teardown, say: no Python
+    traceback, nothing the script did wrong) is run once more on its own before it counts as failed.
 
     Args:
         path: the script.
@@ -105,27 +111,12 @@ def run_scripts(path: str | os.PathLike, seeds: Sequence[int], *, epochs: int = 
     """
     path = require_script(path)
     with tempfile.TemporaryDirectory(prefix="gpulab-spawn-") as tmp:
-        outs = [Path(tmp) / f"result-{i}.pt" for i in range(len(seeds))]
-        logs = [open(Path(tmp) / f"log-{i}.txt", "w+") for i in range(len(seeds))]
-        procs = [subprocess.Popen(_command(path, s, epochs, world_size, out), cwd=path.resolve().parent,
-                                  env=_env(world_size), stdout=log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)  # its own group: killed whole
-                 for s, out, log in zip(seeds, outs, logs)]
-        deadline = time.monotonic() + timeout
-        timed_out = []
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                timed_out.append(False)
-            except subprocess.TimeoutExpired:
-                timed_out.append(True)
-            finally:
-                _kill_group(proc)  # spawned ranks left behind by a parent that failed
+        jobs = _run_jobs(path, seeds, Path(tmp), "", epochs, world_size, timeout)
+        for i, (seed, job) in enumerate(zip(seeds, jobs)):
+            if _native_crash(job):
+                jobs[i] = _run_jobs(path, [seed], Path(tmp), "again-", epochs, world_size, timeout)[0]
         results = []
-        for proc, out, log, late in zip(procs, outs, logs, timed_out):
-            log.seek(0)
-            output = log.read()
-            log.close()
+        for proc, output, out, late in jobs:
             if late or proc.returncode or not out.is_file():
                 raise ScriptError(_explain(proc, output, out, timeout, late))
             saved = torch.load(out, weights_only=True)
@@ -135,6 +126,38 @@ def run_scripts(path: str | os.PathLike, seeds: Sequence[int], *, epochs: int = 
             results.append({"params": {k: v.detach().cpu() for k, v in saved["params"].items()},
                             "world_size": int(saved.get("world_size", -1))})
         return results
+
+
+def _run_jobs(path: Path, seeds: Sequence[int], tmp: Path, prefix: str, epochs: int, world_size: int,
+              timeout: float) -> list[tuple[subprocess.Popen, str, Path, bool]]:
+    """Start the jobs together; per job ``(process, its output, the --out path, timed out?)``."""
+    outs = [tmp / f"{prefix}result-{i}.pt" for i in range(len(seeds))]
+    logs = [open(tmp / f"{prefix}log-{i}.txt", "w+") for i in range(len(seeds))]
+    procs = [subprocess.Popen(_command(path, s, epochs, world_size, out), cwd=path.resolve().parent,
+                              env=_env(world_size), stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, start_new_session=True)  # its own group: killed whole
+             for s, out, log in zip(seeds, outs, logs)]
+    deadline = time.monotonic() + timeout
+    jobs = []
+    for proc, out, log in zip(procs, outs, logs):
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            late = False
+        except subprocess.TimeoutExpired:
+            late = True
+        finally:
+            _kill_group(proc)  # spawned ranks left behind by a parent that failed
+        log.seek(0)
+        jobs.append((proc, log.read(), out, late))
+        log.close()
+    return jobs
+
+
+def _native_crash(job: tuple[subprocess.Popen, str, Path, bool]) -> bool:
+    """A rank killed by SIGABRT or SIGSEGV, with no Python exception raised in any rank."""
+    proc, output, _, late = job
+    return (not late and bool(proc.returncode) and "ProcessRaisedException" not in output
+            and any(f"terminated with signal {sig}" in output for sig in ("SIGABRT", "SIGSEGV")))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

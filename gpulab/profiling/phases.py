@@ -122,9 +122,11 @@ def profile_phases(loader: Iterable[Any], train_step: Callable[[Any], Any], trac
     return prof
 
 
-def trace_shares(path: str | os.PathLike, labels: Sequence[str]) -> dict[str, float]:
+def trace_shares(path: str | os.PathLike, labels: Sequence[str], *, of_labels: bool = False) -> dict[str, float]:
     """Each label's share of the recorded steps, read from a Chrome trace (the ranges' ``dur`` on
     the CPU's timeline, over the ``ProfilerStep#N`` ranges' ``dur``), not from ``key_averages()``.
+    With ``of_labels=True`` the shares are of the labels' own total instead, as :meth:`Stopwatch.shares`
+    counts them (the profiler's own work between the ranges then drops out of both sides).
 
     Raises:
         ValueError: if the trace has no ``ProfilerStep`` range.
@@ -134,4 +136,6 @@ def trace_shares(path: str | os.PathLike, labels: Sequence[str]) -> dict[str, fl
     steps = sum(float(e.get("dur", 0)) for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
     if steps <= 0:
         raise ValueError(f"{path} has no ProfilerStep ranges: profile with a schedule and call prof.step()")
-    return {name: sum(float(e.get("dur", 0)) for e in events if e.get("name") == name) / steps for name in labels}
+    durs = {name: sum(float(e.get("dur", 0)) for e in events if e.get("name") == name) for name in labels}
+    total = sum(durs.values()) if of_labels else steps
+    return {name: d / total if total > 0 else 0.0 for name, d in durs.items()}

@@ -46,6 +46,7 @@ def test_profiler_ranges_agree_with_the_stopwatch(tmp_path):
         assert run["batches"] == 5
         assert {k: run["ranges"][k] for k in ("data", "step", "ProfilerStep#2", "ProfilerStep#4")} == {
             "data": 3, "step": 3, "ProfilerStep#2": 1, "ProfilerStep#4": 1}
+        assert run["profiler"][DATA] + run["profiler"][STEP] == pytest.approx(1.0)  # of the ranges' sum, as the stopwatch
         for k in (DATA, STEP):
             assert abs(run["profiler"][k] - run["stopwatch"][k]) < 0.03, (cost, run)
         data_share[cost] = run["stopwatch"][DATA]
