@@ -18,6 +18,7 @@ saves ``{"params": {name: tensor}, "world_size": N}`` to ``PATH`` with ``torch.s
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from gpulab.parallel.workloads.spawn_job import single_process_training
 __all__ = ["SCRIPT", "ScriptError", "require_script", "run_script", "run_scripts", "single_process_training"]
 
 SCRIPT = "ddp_spawn.py"  # written next to the notebook by the exercise's %%writefile cell
+_NATIVE = re.compile(r"terminated with signal SIG(ABRT|SEGV)|terminate called|Fatal Python error")
 _PORT_TAKEN = ("EADDRINUSE", "address already in use", "Address already in use")
 
 
@@ -80,11 +82,11 @@ def _explain(proc: subprocess.Popen, output: str, out: Path, timeout: float, tim
         if any(s in output for s in _PORT_TAKEN):
             why += (": the port it listens on was taken (another job on this machine). Let the main process pick "
                     "a free port before it spawns the ranks, and pass it to them")
-        elif "ProcessRaisedException" in output:
-            why += ": a rank raised (its traceback is below)"
-        elif "terminated with signal" in output:
+        elif _NATIVE.search(output):
             why += (": a rank was killed by a signal, twice in a row (its native code crashed; the last lines "
                     "below say which rank and which signal)")
+        elif "ProcessRaisedException" in output:
+            why += ": a rank raised (its traceback is below)"
     else:
         why = f"exited normally, but rank 0 saved nothing at {out} (the --out argument)"
     return f"`python {' '.join(proc.args[1:])}` {why}.\n--- the script's output (last lines) ---\n{tail}"
@@ -154,10 +156,9 @@ def _run_jobs(path: Path, seeds: Sequence[int], tmp: Path, prefix: str, epochs: 
 
 
 def _native_crash(job: tuple[subprocess.Popen, str, Path, bool]) -> bool:
-    """A rank killed by SIGABRT or SIGSEGV, with no Python exception raised in any rank."""
+    """A rank killed by SIGABRT or SIGSEGV (whatever its peers then raised: a peer's death makes them fail)."""
     proc, output, _, late = job
-    return (not late and bool(proc.returncode) and "ProcessRaisedException" not in output
-            and any(f"terminated with signal {sig}" in output for sig in ("SIGABRT", "SIGSEGV")))
+    return not late and bool(proc.returncode) and bool(_NATIVE.search(output))
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
