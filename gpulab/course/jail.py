@@ -31,6 +31,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from gpulab.course import signal_targets
+
 # include/uapi/linux/landlock.h; the syscall numbers are the same on every architecture.
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1
@@ -276,21 +278,6 @@ _PATH_EVENTS: dict[str, tuple[int, ...]] = {
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
-def _descends_from(pid: int, ancestor: int) -> bool:
-    """Whether ``pid`` is ``ancestor``'s child, grandchild... (read from /proc; False when unknown)."""
-    for _ in range(64):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                pid = int(fh.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-        if pid == ancestor:
-            return True
-        if pid <= 1:
-            return False
-    return False
-
-
 def _closest(path: str, folders: Sequence[str]) -> int:
     """The length of the longest of ``folders`` that ``path`` is (beneath); -1 for none."""
     return max((len(f) for f in folders if is_beneath(path, (f,))), default=-1)
@@ -311,8 +298,9 @@ def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
 
     def hook(event: str, args: tuple) -> None:
         if event in ("os.kill", "os.killpg") and args and isinstance(args[0], int) and args[0] != me:
-            if not _descends_from(args[0], me):
-                log({"event": "signal", "path": f"pid {args[0]}"})
+            target = signal_targets.outside(args[0], event == "os.killpg", me)
+            if target:
+                log({"event": "signal", "path": target})
             return
         if event == "open":
             path, mode, flags = args

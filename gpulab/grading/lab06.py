@@ -166,7 +166,7 @@ def expected_loader_facts(cases: dict[str, dict[str, int]]) -> dict[str, dict[st
     return out
 
 
-# --- exercise 8: a mixed-precision step under torch DDP -----------------------------------------------
+# --- exercise 6: a mixed-precision step under torch DDP -----------------------------------------------
 
 AMP_SIZES = (16, 64, 64, 4)
 
@@ -209,7 +209,7 @@ def amp_reference(world_size: int = 2, num_steps: int = 4, seed: int = 1) -> lis
 
 
 
-# --- exercise 9: unused parameters, and the DDP wrapper --------------------------------------------------
+# --- exercise 7: unused parameters, and the DDP wrapper --------------------------------------------------
 
 class Gated(nn.Module):
     """Parallel Linear branches summed; only the branches in ``used`` run, and the biases in

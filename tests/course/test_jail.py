@@ -154,3 +154,24 @@ def test_allowed_folders_inside_an_unlistable_denied_folder_are_still_granted(tm
     mine = [str(grading / "lab/me/tmp"), str(grading / "lab/me/work")]
     grant = jail.readable_paths([str(grading)], mine)
     assert [g for g in grant if g.startswith(str(grading))] == mine
+
+
+def test_signals_to_its_own_jobs_are_not_noted(tmp_path: Path) -> None:
+    # lab 06's script grader: jobs in sessions of their own, waited for (reaped), then each group swept
+    code = """
+import os, signal, subprocess, time
+done = subprocess.Popen(["sleep", "0"], start_new_session=True)
+done.wait()
+try:
+    os.killpg(done.pid, signal.SIGKILL)
+except ProcessLookupError:
+    print("already gone")
+live = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], start_new_session=True)
+time.sleep(0.3)
+os.killpg(live.pid, signal.SIGKILL)
+print("live", live.wait())
+"""
+    proc = _jail(tmp_path, code, "--audit-log", str(tmp_path / "log.jsonl"), "--write", str(tmp_path))
+    assert "already gone" in proc.stdout and "live -9" in proc.stdout, proc.stdout + proc.stderr
+    _, refused, _ = notes.read_write_log(tmp_path / "log.jsonl")
+    assert notes.write_notes(refused, []) == []

@@ -1,5 +1,5 @@
 """Buckets rebuilt from the order backward really produces the gradients, as torch DDP's reducer
-does after its first iteration (lab 06, section 5c, where the reducer's steps are cited).
+does after its first iteration (lab 06, section 10, where the reducer's steps are cited).
 
 Reverse registration order (:func:`~gpulab.parallel.ddp.bucketed.bucket_assignment`) only guesses
 that order. Torch 2.13 (``reducer.cpp``, ``nn/parallel/distributed.py``) starts with one bucket

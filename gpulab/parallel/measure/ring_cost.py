@@ -11,7 +11,7 @@ byte rate: with ``overlap=True`` (NCCL) a full bucket starts once the previous a
 The exercise (masked while lab 06 is graded): :func:`fit_alpha_beta`, :func:`predict_sync_seconds`,
 :func:`best_bucket_size`. Instruments: :func:`ring_allreduce_seconds`, :func:`allreduce_seconds` (a
 rank body for :func:`gpulab.parallel.launch`), :func:`backward_seconds`.
-Run: ``pytest tests/parallel/measure/test_ring_cost.py``; the derivation is in lab 06, section 5b.
+Run: ``pytest tests/parallel/measure/test_ring_cost.py``; the derivation is in lab 06, section 9.
 """
 
 from __future__ import annotations
