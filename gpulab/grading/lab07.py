@@ -47,6 +47,7 @@ from gpulab.parallel.pipeline.pipelined import _concat
 from gpulab.parallel.pipeline.split import SplitModel, split_model
 from gpulab.parallel.pipeline.threads import StageThreads, run_in_stage_threads
 from gpulab.parallel.pipeline.timing import intra_op_threads
+from gpulab.parallel.pipeline.torch_stages import torch_pipeline_step
 
 __all__ = ["REFERENCES", "StepTimeout", "lab_devices", "run_with_timeout", "reference_forward", "sequential_train_step",
            "stages_overlap", "train_step_overlap", "schedule_facts", "train_step_schedule", "train_step_work",
@@ -55,12 +56,13 @@ __all__ = ["REFERENCES", "StepTimeout", "lab_devices", "run_with_timeout", "refe
 # gpulab's reference implementations of lab 07's exercises, masked in a graded kernel
 # (gpulab.course.mask): GPipe's training step, the pipeline's overlapped CPU schedule (behind
 # PipelinedModel, which then runs its micro-batches one after the other: the lab's demos still run,
-# a submission that wraps PipelinedModel does not overlap), and the bubble formula.
+# a submission that wraps PipelinedModel does not overlap), the bubble formula, and the two-rank
+# torch.distributed.pipelining step (graded in lab07_torch).
 # Not masked, because the lab's demos and its tests build on them: split_model / SplitModel (the
 # general version of TwoStageModel), PipelinedModel itself (with overlap=False, the fair baseline),
 # micro_batch_step (the graders' baseline, overlap=False), StageThreads and forward_streams
 # (PipelinedModel's machinery; on GPUs, the CUDA streams).
-REFERENCES: tuple = (gpipe_train_step, run_in_stage_threads, bubble_fraction)
+REFERENCES: tuple = (gpipe_train_step, run_in_stage_threads, bubble_fraction, torch_pipeline_step)
 
 OVERLAPPED = "overlapped"
 

@@ -289,10 +289,12 @@ def test_named_gradients_copies_and_names_by_the_whole_models_order(devices):
 def test_the_references_are_the_exercises_answers_and_can_be_masked(tmp_path):
     assert masked_names(lab07.REFERENCES) == ["gpulab.parallel.pipeline.gpipe.gpipe_train_step",
                                               "gpulab.parallel.pipeline.threads.run_in_stage_threads",
-                                              "gpulab.parallel.pipeline.bubble.bubble_fraction"]
+                                              "gpulab.parallel.pipeline.bubble.bubble_fraction",
+                                              "gpulab.parallel.pipeline.torch_stages.torch_pipeline_step"]
     binds = write_masks(lab07.REFERENCES, tmp_path)
     masked = {original.name: copy.read_text() for copy, original in binds if copy.suffix == ".py"}
-    assert set(masked) == {"gpipe.py", "threads.py", "bubble.py"}
+    assert set(masked) == {"gpipe.py", "threads.py", "bubble.py", "torch_stages.py"}
+    assert "MaskedReference('gpulab.parallel.pipeline.torch_stages.torch_pipeline_step')" in masked["torch_stages.py"]
     assert "MaskedReference('gpulab.parallel.pipeline.threads.run_in_stage_threads')" in masked["threads.py"]
     assert "class StageThreads" in masked["threads.py"] and "def _one_after_another" in masked["threads.py"]
     # the whole step goes (its threads and queues are its body); the graders' baseline,

@@ -12,6 +12,7 @@
   the other: lab 07's baseline);
 - ``bubble``: the bubble fraction, measured, predicted and replayed with free hand-offs, and the
   Gantt chart;
+- ``torch_stages``: the same two-stage step on ``torch.distributed.pipelining`` (a rank per stage);
 - ``timing``: step timing, and one intra-op thread per stage; ``norms``: BatchNorm to GroupNorm.
 """
 
