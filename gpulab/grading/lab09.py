@@ -18,7 +18,8 @@ kernel while the lab is graded):
   on :class:`NaiveDDP` or :class:`BucketedDDP`: all-reduce calls per step (counted), step times
   and every rank's parameters (against :func:`calls_per_sync` and :func:`single_process_accumulation`).
 
-The ZeRO-2 exercise's graders are in :mod:`gpulab.grading.lab09_zero2`; its reference is masked from here.
+The ZeRO-2 and FSDP2 exercises' graders are in :mod:`gpulab.grading.lab09_zero2` and
+:mod:`gpulab.grading.lab09_fsdp`; their references are masked from here.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from torch import nn
 from gpulab.models import MLP
 from gpulab.parallel import BucketedDDP, NaiveDDP, allreduce_gradients, bucket_assignment, launch, rank_device
 from gpulab.parallel.sharding.accumulation import accumulation_step, count_collectives
+from gpulab.parallel.sharding.fsdp import apply_fsdp
 from gpulab.parallel.sharding.runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
 from gpulab.parallel.sharding.state_bytes import optimizer_state_bytes
 from gpulab.parallel.sharding.zero1 import ShardedOptimizer, _assign, balanced_owners
@@ -47,10 +49,10 @@ __all__ = ["REFERENCES", "TiedMLP", "random_partition_cases", "balanced_owners",
 
 # gpulab's reference implementations of lab 09's exercises, masked in a graded kernel (gpulab.course.mask):
 # the ZeRO-1 optimizer, its largest-first partition (and the helper both call), the ZeRO-2 optimizer
-# (graded in lab09_zero2), and the accumulation step.
+# (graded in lab09_zero2), the accumulation step, and the FSDP2 wrapping (graded in lab09_fsdp).
 # The lab's demos run torch DDP, torch's ZeroRedundancyOptimizer, FSDP2 and lab 06's NaiveDDP/BucketedDDP
 # (masked only while lab 06 is graded), none of which calls these.
-REFERENCES: tuple = (ShardedOptimizer, balanced_owners, _assign, ZeRO2Optimizer, accumulation_step)
+REFERENCES: tuple = (ShardedOptimizer, balanced_owners, _assign, ZeRO2Optimizer, accumulation_step, apply_fsdp)
 
 NUM_SAMPLES = 24  # divisible by 1, 2, 3, 4, 6, 8 ranks and by 2, 3, 4 micro-batches per rank of 2 ranks
 OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {

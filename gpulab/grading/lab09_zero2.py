@@ -26,11 +26,10 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.grading.lab09 import OPTIMIZERS, _data, _model, counting_built, single_process_params
 from gpulab.parallel import launch, rank_device
-from gpulab.parallel.sharding.accumulation import COUNTED, count_collectives
+from gpulab.parallel.sharding.accumulation import COUNTED, C10dOps, count_collectives
 from gpulab.parallel.sharding.state_bytes import optimizer_state_bytes
 from gpulab.parallel.sharding.zero2 import ZeRO2Optimizer
 
@@ -46,20 +45,6 @@ def _refused_classes() -> dict[str, type]:
     from torch.nn.parallel import DistributedDataParallel
 
     return dict(zip(REFUSED, (ZeroRedundancyOptimizer, DistributedDataParallel, FullyShardedDataParallel, FSDPState)))
-
-
-class _C10dOps(TorchDispatchMode):
-    """Every ``c10d`` collective that reaches the dispatcher, however it was called."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types_: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        name = str(func)
-        if name.startswith(("c10d.", "_c10d_functional.")) and "wait" not in name and "barrier" not in name:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def _held_bytes(opt: Any, model: nn.Module) -> int:
@@ -102,7 +87,7 @@ def _zero2_rank(rank, world_size, zero_cls, model_name, optimizer, num_steps, se
     with counting_built(_refused_classes()) as built:
         opt = zero_cls(model.parameters(), opt_cls, **kwargs)
         for _ in range(num_steps):
-            with count_collectives() as counted, _C10dOps() as ops:  # the whole iteration: hooks count too
+            with count_collectives() as counted, C10dOps() as ops:  # the whole iteration: hooks count too
                 opt.zero_grad()
                 nn.functional.cross_entropy(model(inputs), targets).backward()
                 opt.step()

@@ -138,10 +138,11 @@ def test_run_accumulation_counts_and_returns_every_ranks_parameters():
 
 
 def test_references_are_the_exercises_answers():
+    from gpulab.parallel.sharding.fsdp import apply_fsdp
     from gpulab.parallel.sharding.zero1 import _assign
     from gpulab.parallel.sharding.zero2 import ZeRO2Optimizer
 
-    assert set(lab09.REFERENCES) == {ShardedOptimizer, balanced_owners, _assign, ZeRO2Optimizer, accumulation_step}
+    assert set(lab09.REFERENCES) == {ShardedOptimizer, balanced_owners, _assign, ZeRO2Optimizer, accumulation_step, apply_fsdp}
 
 
 @pytest.mark.multigpu

@@ -7,6 +7,7 @@
   per step under DDP, ZeRO-1 and ZeRO-2;
 - ``state_bytes``: the bytes of training state a rank holds, counted from its tensors;
 - ``accumulation``: gradient accumulation with ``no_sync``, and a counter of collectives;
+- ``fsdp``: FSDP2's ``fully_shard`` per block, then the root, and a probe of when weights are whole;
 - ``runs``: DDP, ZeRO-1 and FSDP2 measured side by side in one launch.
 """
 

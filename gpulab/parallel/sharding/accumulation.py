@@ -1,4 +1,4 @@
-"""Gradient accumulation with ``no_sync``, and a counter of the collectives a rank calls (lab 09).
+"""Gradient accumulation with ``no_sync``, and counters of the collectives a rank calls (lab 09).
 
 k micro-batches add their gradients up in ``.grad`` (each loss divided by k), then one optimizer
 step. Under data parallelism each backward would also all-reduce: ``no_sync()`` (torch DDP's, and
@@ -25,8 +25,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["accumulation_step", "count_collectives", "torch_ddp_allreduce_calls", "COUNTED"]
+__all__ = ["accumulation_step", "count_collectives", "C10dOps", "torch_ddp_allreduce_calls", "COUNTED"]
 
 COUNTED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
 
@@ -98,6 +99,31 @@ class count_collectives:  # used like a function: `with count_collectives() as c
         for name, original in self._saved.items():
             setattr(dist, name, original)
         self._saved.clear()
+
+
+class C10dOps(TorchDispatchMode):
+    """Every collective that reaches PyTorch's dispatcher, whatever name it was called by (FSDP2's and
+    DTensor's included): ``counts[op name]``, waits and barriers left out. ``with C10dOps() as ops:``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types_: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        name = str(func)
+        if name.startswith(("c10d.", "_c10d_functional.")) and "wait" not in name and "barrier" not in name:
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def count(self) -> int:
+        """All the collectives counted."""
+        return sum(self.counts.values())
+
+    @property
+    def all_gathers(self) -> int:
+        """The all-gathers among them (``c10d._allgather_base_``, ``all_gather_into_tensor``...)."""
+        return sum(n for name, n in self.counts.items() if "allgather" in name.replace("_", ""))
 
 
 def torch_ddp_allreduce_calls(rank: int, world_size: int, micro_batches: int = 4) -> dict[str, int]:
