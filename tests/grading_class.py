@@ -21,7 +21,8 @@ from gpulab.course.jail import landlock_abi
 from gpulab.course.release import release
 
 LAB = "00_setup"
-MAX_SCORE = 8.0
+MAX_SCORE = 10.0   # lab 00's points: 8 autograded, 2 for the written answer (graded by hand)
+FULL_SCORE = 8.0   # every exercise right: the autograder's full marks (the written answer is left blank)
 REPO = str(Path(__file__).resolve().parents[1])  # the checkout: its .git and notebooks/source hold the answers
 
 
@@ -36,7 +37,7 @@ class Case:
     unflag: tuple[str, ...] = ()                               # grade_ids whose "grade" flag is cleared
     raw: str | None = None                                     # the file's bytes instead of a notebook
     file_name: str = f"{LAB}.ipynb"
-    score: float = MAX_SCORE
+    score: float = FULL_SCORE
     note: str = ""                                             # a regexp the notes must match
     plant: bool = False                                        # links, a FIFO, a hard link beside the notebook
     sparse: bool = False                                       # a 3 GiB sparse file beside the notebook
@@ -323,7 +324,7 @@ def place_ranks(machine, world_size):
 """
 
 
-# ---- issue 15's resource and escape attacks: each on a full-marks notebook (8/8 without the attack) ----
+# ---- issue 15's resource and escape attacks: each on a full-marks notebook (8/10 without the attack) ----
 FORK_BOMB = """import os, time
 def spawn(depth):
     born = 0
@@ -496,11 +497,13 @@ def make_course(dst: Path) -> Path:
 
 
 def _solutions(course: Path) -> dict[str, str]:
+    """The source's solution code by grade id (the written answer is not among them: every case leaves
+    it as released, so autograding gives it 0 and leaves no note that it waits for the instructor)."""
     nb = nbformat.read(str(course / "source" / LAB / f"{LAB}.ipynb"), as_version=4)
     out = {}
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
-        if meta.get("solution"):
+        if meta.get("solution") and cell.cell_type == "code":
             out[meta["grade_id"]] = re.sub(r"\n?\s*### (BEGIN|END) SOLUTION", "", cell.source)
     return out
 
@@ -516,7 +519,7 @@ def student_notebook(course: Path, case: Case) -> nbformat.NotebookNode:
         if gid in case.delete:
             continue
         if meta.get("solution"):
-            answer = case.answers.get(gid, solutions[gid])
+            answer = case.answers.get(gid, solutions.get(gid))
             if answer is not None:
                 cell.source = answer.replace("{solution}", solutions[gid])
         if gid in case.edit_tests:

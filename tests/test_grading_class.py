@@ -29,6 +29,7 @@ import nbformat
 import psutil
 import pytest
 from grading_class import (
+    FULL_SCORE,
     LAB,
     MAX_SCORE,
     TO_DEVICE,
@@ -189,7 +190,7 @@ def test_the_verdict_is_the_graders_whatever_the_kernel_claims(graded) -> None:
         assert len(tests) == 4 and all(c.outputs and c.outputs[0].output_type == "error"
                                        and c.outputs[0].ename == "GradingError" for c in tests), student
         assert not any(o.output_type == "execute_result" for c in tests for o in c.outputs), student
-    assert rows["paste_reference"].score == MAX_SCORE  # pasting works, and only a human can judge it
+    assert rows["paste_reference"].score == FULL_SCORE  # pasting works, and only a human can judge it
 
 
 def test_honest_answers_are_right_and_nobody_elses(graded) -> None:
@@ -231,13 +232,13 @@ def test_no_kernel_saw_the_graders_environment_or_another_clone(graded) -> None:
     hunt = _cell_text(course, "clone_hunter")
     if ISOLATED:
         assert "no clone found" in hunt and "LEAK" not in hunt, hunt[:500]
-    assert rows["audit_eraser"].score == MAX_SCORE
+    assert rows["audit_eraser"].score == FULL_SCORE
 
 
 def test_odd_student_ids_are_graded_and_escaped(graded) -> None:
     course, fixture, rows, _ = graded
     for student in ("-rf", "=SUM(1+1)", "star*", "new\nline"):
-        assert rows[student].score == MAX_SCORE, (student, rows[student].notes)
+        assert rows[student].score == FULL_SCORE, (student, rows[student].notes)
     with open(course / "grades.csv", newline="") as fh:
         ids = [r["student"] for r in csv.DictReader(fh)]
     assert "'=SUM(1+1)" in ids and "'-rf" in ids and "=SUM(1+1)" not in ids
@@ -328,10 +329,10 @@ def _apparent(folder: Path) -> int:
 @pytest.mark.skipif(not ISOLATED, reason=f"this machine lacks OS protections: {PLAN.note()}")
 def test_resource_and_escape_attacks_are_contained(graded, terminal) -> None:
     course, fixture, rows, _ = graded
-    for student in ATTACKS:  # each also scores what its notebook scores without the attack (8/8), and is noted
+    for student in ATTACKS:  # each also scores what its notebook scores without the attack (8/10), and is noted
         # (a fork bomb that takes every task its cgroup allows leaves its own kernel no thread to send its
         # values with: it may lose its own marks, never a classmate's)
-        assert (rows[student].score == MAX_SCORE or student == "fork_bomb") and \
+        assert (rows[student].score == FULL_SCORE or student == "fork_bomb") and \
             re.search(fixture[student].note, rows[student].notes), (student, rows[student].notes)
     assert "forked" in _cell_text(course, "fork_bomb")
     # /dev/shm and /tmp were the submission's own, capped, and went with it

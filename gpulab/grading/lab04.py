@@ -8,10 +8,16 @@ gpulab's reference (inside ``grading.by_reference``) gives the expected value.
 What is masked, and what is not (``REFERENCES``): gpulab's ``step_memory``, the reference of
 ``step_peaks``. The references of the other exercises (``comm.scatter`` / ``comm.gather`` /
 ``comm.broadcast``, ``scatter_gather``'s ``scatter`` / ``gather`` / ``scatter_kwargs``,
-``replicate``, ``parallel_apply`` and ``DataParallel``) stay available in the graded kernel:
-``DataParallel`` is built from all of them, and it is the model that ``step_peaks`` measures, in
-the lab's demos and in its test; the tests of ``replicate`` also run the replicas through gpulab's
-``parallel_apply``, ``comm.scatter`` and ``comm.gather``, so that each exercise is graded on its own.
+``replicate``, ``parallel_apply``, ``DataParallel`` and its functional form ``data_parallel``) stay
+available in the graded kernel: the demos of an unanswered lab stand in with them, and the tests of
+``replicate`` run the replicas through gpulab's ``parallel_apply``, ``comm.scatter`` and
+``comm.gather``, so that each exercise is graded on its own. A ``data_parallel`` that only calls
+gpulab's is caught by :func:`calls_made`.
+
+What ``step_peaks`` measures is the student's own DataParallel: their ``data_parallel`` made a model
+by :class:`~gpulab.parallel.dp.data_parallel.FunctionalDataParallel`, in the lab's demos and in its
+test (:func:`dp_peaks`); the reference run measures gpulab's ``data_parallel`` with gpulab's
+``step_memory``.
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ from torch import nn
 from gpulab.devices import MemoryMeter, placement
 from gpulab.models import MLP
 from gpulab.parallel import comm
+from gpulab.parallel.dp.data_parallel import FunctionalDataParallel
 from gpulab.parallel.dp.parallel_apply import parallel_apply as gpulab_parallel_apply
 from gpulab.parallel.dp.step_memory import HeadWorkload, step_memory
 
 __all__ = ["REFERENCES", "where", "scatter_cases", "scatter_facts", "gather_cases", "gather_facts", "train_steps",
            "single_steps", "tied_facts", "eval_outputs", "apply_outputs", "dp_gradients", "single_gradients",
-           "calls_made", "reference_peaks", "head_batch", "measured"]
+           "calls_made", "reference_peaks", "head_batch", "measured", "PEAK_BATCHES", "peak_cases",
+           "dp_peaks"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
 # (gpulab.course.mask). Only step_memory: see the module doc for why the others stay.
@@ -299,3 +307,32 @@ def measured(measure: Callable[..., Any], model: nn.Module, inputs: torch.Tensor
     peaks = measure(model, inputs, targets, devices)
     return {"peak bytes per device": list(peaks),
             "parameters left with a gradient": [p.grad is not None for p in model.parameters()]}
+
+
+# Batches where the gathered logits, not the parameters, set the output device's peak. Below about
+# 96 rows, with the output on devices[0], how a correct gather copies (comm.to + torch.cat, or one
+# output buffer as comm.gather does) changes device 0's peak by one parameter-sized buffer (the meter
+# sums the replicas' gradients out of place: see gpulab.parallel.dp.step_memory), about 20 %.
+PEAK_BATCHES = (96, 128, 160, 192, 224, 256)
+
+
+def peak_cases(rng: random.Random) -> list[tuple[int, int | None]]:
+    """Two ``(batch, index of the output device)`` for the hidden test of ``step_peaks``: the
+    default output device (None), and one of ``devices[1..3]``, where a ``data_parallel`` that
+    gathers on the wrong device shows."""
+    return [(rng.choice(PEAK_BATCHES), None), (rng.choice(PEAK_BATCHES), rng.randint(1, 3))]
+
+
+def dp_peaks(measure: Callable[..., Any], data_parallel: Callable[..., Any], devices: Sequence[Any],
+             cases: Sequence[tuple[int, int | None]]) -> dict[str, dict[str, Any]]:
+    """For each case, :func:`measured` by ``measure`` (a ``step_peaks``) of one step of the lab's
+    head (fresh weights) through ``data_parallel`` made a model
+    (:class:`~gpulab.parallel.dp.data_parallel.FunctionalDataParallel`), gathered on
+    ``devices[index]`` (None: ``data_parallel``'s default)."""
+    facts = {}
+    for batch, out in cases:
+        head, x, y = head_batch(batch, devices)
+        model = FunctionalDataParallel(data_parallel, head, devices, None if out is None else devices[out])
+        facts[f"batch {batch}, output_device={'None' if out is None else f'devices[{out}]'}"] = \
+            measured(measure, model, x, y, devices)
+    return facts

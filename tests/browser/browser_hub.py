@@ -119,7 +119,8 @@ def _answers(how: str) -> dict[str, str]:
 
 def _expected_score(how: str) -> tuple[float, float]:
     """(score, max) a submission deserves: a test cell passes when every exercise it requires
-    (``require(globals(), ...)``) is defined by an answered solution cell."""
+    (``require(globals(), ...)``) is defined by an answered solution cell; a written answer (left
+    blank here) counts in the max and scores 0 until the instructor grades it."""
     nb = nbformat.read(str(REPO / "notebooks" / "source" / LAB / f"{LAB}.ipynb"), as_version=4)
     answered = set(_answers(how))
     defined = {name for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") in answered
@@ -127,8 +128,9 @@ def _expected_score(how: str) -> tuple[float, float]:
     score = total = 0.0
     for c in nb.cells:
         meta = c.metadata.get("nbgrader", {})
-        if meta.get("grade") and c.cell_type == "code":
+        if meta.get("grade"):
             total += meta.get("points", 0)
+        if meta.get("grade") and c.cell_type == "code":
             needs = {n for args in re.findall(r"require\(globals\(\),([^)]*)\)", c.source)
                      for n in re.findall(r"['\"](\w+)['\"]", args)}
             if needs and needs <= defined:

@@ -218,6 +218,7 @@ def test_make_grade_refuses_a_weaker_sandbox_unless_allowed_and_notes_it(tmp_pat
 
     from conftest import COURSE
 
+    from gpulab.course import gradebook
     from gpulab.course.__main__ import main as course_main
     from gpulab.course.release import release
 
@@ -236,7 +237,9 @@ def test_make_grade_refuses_a_weaker_sandbox_unless_allowed_and_notes_it(tmp_pat
     out, _ = capsys.readouterr()
     with open(tmp_path / "grades.csv") as fh:
         [row] = list(csv.DictReader(fh))
-    assert float(row["score"]) == float(row["max_score"]) > 0, (row, time.monotonic() - t0)
+    manual = gradebook.manual_points(tmp_path, "00_setup", "alice")  # the written answer waits for the instructor
+    assert manual > 0 and float(row["score"]) == float(row["max_score"]) - manual > 0, (row, time.monotonic() - t0)
+    assert f"{manual:g} point(s) of written answers wait" in row["notes"]
     assert "graded with weaker isolation: kernel identity off" in row["notes"] and "cgroup limits off" in row["notes"]
     assert "graded with weaker isolation" in out
 

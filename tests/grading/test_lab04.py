@@ -1,7 +1,7 @@
 """gpulab.grading.lab04 (lab 04's graders): the solutions' values equal the references' on random
 inputs, and the usual mistakes (a detached scatter, deep copies for replicas, a measurement that
-forgets the parameters, a data_parallel that is not built from the student's pieces) give other
-values."""
+forgets the parameters, a data_parallel that is not built from the student's pieces or gathers on
+the wrong device) give other values."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from gpulab.grading import lab04
 from gpulab.grading.evidence import encode
 from gpulab.grading.judge import decode, verdict
 from gpulab.parallel import DataParallel, comm
+from gpulab.parallel.dp.data_parallel import data_parallel as gpulab_data_parallel
 from gpulab.parallel.dp.parallel_apply import parallel_apply as gpulab_parallel_apply
 from gpulab.parallel.dp.replicate import replicate as gpulab_replicate
 
@@ -193,6 +194,42 @@ def test_measured_peaks_agree_with_gpulabs_and_catch_an_untracked_model(devices)
         return [meter.peak(d) for d in devs]
 
     assert not close(lab04.measured(untracked, model, x, y, devices), want, rtol=0.05)
+
+
+def test_step_peaks_is_graded_on_the_students_data_parallel(devices) -> None:
+    """The hidden test of step_peaks measures the student's data_parallel: the lab's solution (and a
+    gather through one output buffer, as comm.gather copies) matches gpulab's measurement of gpulab's
+    DataParallel at every batch it may draw; one that gathers on the wrong device does not."""
+    cases = list(zip(lab04.PEAK_BATCHES, [None, 1, 2, 3, None, 1]))
+    want = lab04.dp_peaks(lab04.reference_peaks, gpulab_data_parallel, devices, cases)
+    assert close(lab04.dp_peaks(step_peaks, data_parallel, devices, cases), want, rtol=0.05)
+
+    def one_buffer(model, batch, devs, output_device=None):
+        pieces = scatter(batch, devs)
+        used = devs[:len(pieces)]
+        return comm.gather(parallel_apply(replicate(model, used), pieces, used), output_device or devs[0])
+
+    assert close(lab04.dp_peaks(step_peaks, one_buffer, devices, cases[:3]), lab04.dp_peaks(
+        lab04.reference_peaks, gpulab_data_parallel, devices, cases[:3]), rtol=0.05)
+    rng = random.Random(4)
+    drawn = [lab04.peak_cases(rng) for _ in range(20)]
+    assert all(b in lab04.PEAK_BATCHES for c in drawn for b, _ in c)
+    assert [out for c in drawn for _, out in c[:1]] == [None] * 20 and {c[1][1] for c in drawn} == {1, 2, 3}
+
+    def ignores_output_device(model, batch, devs, output_device=None):
+        return data_parallel(model, batch, devs)
+
+    def gathers_on_the_last(model, batch, devs, output_device=None):
+        return data_parallel(model, batch, devs, devs[-1])
+
+    moved = [(128, 2)]
+    mine = lab04.dp_peaks(step_peaks, ignores_output_device, devices, moved)
+    assert not close(mine, lab04.dp_peaks(lab04.reference_peaks, gpulab_data_parallel, devices, moved), rtol=0.05)
+    peaks = mine["batch 128, output_device=devices[2]"]["peak bytes per device"]
+    assert peaks.index(max(peaks)) == 0  # the visible check (heaviest device follows output_device) fails too
+    default = [(96, None)]
+    assert not close(lab04.dp_peaks(step_peaks, gathers_on_the_last, devices, default),
+                     lab04.dp_peaks(lab04.reference_peaks, gpulab_data_parallel, devices, default), rtol=0.05)
 
 
 def test_the_reference_is_step_memory_and_can_be_masked(tmp_path) -> None:

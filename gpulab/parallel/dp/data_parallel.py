@@ -26,12 +26,19 @@ Example::
     model = DataParallel(LargeVocabHead(), devices)
     loss = F.cross_entropy(model(x), comm.to(y, devices[0]))
     loss.backward()               # model.module's .grad equals a single-device run's
+
+The same step as a function, ``data_parallel(module, x, devices, output_device)`` (the shape of
+``torch.nn.parallel.data_parallel``, and of lab 04's exercise 5), and any such function made a
+module again, so that code written for a DataParallel model measures it
+(``FunctionalDataParallel(my_data_parallel, head, devices)``: lab 04's memory measurements of the
+student's own DataParallel).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import torch
 from torch import nn
 
 from gpulab.devices.logical import LogicalDevice
@@ -40,7 +47,7 @@ from gpulab.parallel.dp.parallel_apply import parallel_apply
 from gpulab.parallel.dp.replicate import check_module_on, replicate
 from gpulab.parallel.dp.scatter_gather import gather, scatter_kwargs
 
-__all__ = ["DataParallel"]
+__all__ = ["DataParallel", "data_parallel", "FunctionalDataParallel"]
 
 
 class DataParallel(nn.Module):
@@ -105,3 +112,53 @@ class DataParallel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"devices={[str(d) for d in self.devices]}, output_device={self.output_device}, dim={self.dim}"
+
+
+def data_parallel(module: nn.Module, inputs: torch.Tensor, devices: Sequence[LogicalDevice],
+                  output_device: LogicalDevice | None = None) -> Any:
+    """``module(inputs)`` computed by :class:`DataParallel` over ``devices``, gathered on
+    ``output_device`` (default ``devices[0]``): the functional form, as
+    ``torch.nn.parallel.data_parallel``. Raises what :class:`DataParallel` raises."""
+    return DataParallel(module, devices, output_device)(inputs)
+
+
+class FunctionalDataParallel(nn.Module):
+    """A DataParallel model whose forward is a data-parallel *function*:
+    ``forward(x) = fn(module, x, devices, output_device)``.
+
+    It holds ``module`` (so ``parameters()`` and ``zero_grad()`` reach the original weights),
+    ``devices`` and ``output_device`` (resolved: ``devices[0]`` when not given), like
+    :class:`DataParallel`, so a measurement written for one (``step_memory``, lab 04's
+    ``step_peaks``) measures whatever ``fn`` does: lab 04 wraps the student's ``data_parallel``.
+    ``fn`` gets ``output_device`` as given, None included.
+
+    Args:
+        fn: ``fn(module, batch, devices, output_device) -> output`` (:func:`data_parallel`, or yours).
+        module, devices, output_device: as for :class:`DataParallel`.
+
+    Raises:
+        TypeError: if ``fn`` is not callable, or for the arguments :class:`DataParallel` rejects.
+        ValueError: as :class:`DataParallel`.
+    """
+
+    def __init__(self, fn: Callable[..., Any], module: nn.Module, devices: Sequence[LogicalDevice],
+                 output_device: LogicalDevice | None = None) -> None:
+        super().__init__()
+        if not callable(fn) or isinstance(fn, nn.Module):
+            raise TypeError(f"{type(self).__name__} takes a data-parallel function fn(module, batch, devices, "
+                            f"output_device) first, got {type(fn).__name__}: to wrap a module, use DataParallel")
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"{type(self).__name__} wraps an nn.Module, got {type(module).__name__}")
+        self.fn = fn
+        self.devices = check_devices(devices)
+        self.requested_output_device = None if output_device is None else check_device(output_device, "output_device")
+        self.output_device = self.devices[0] if output_device is None else self.requested_output_device
+        self.module = module
+        check_module_on(module, self.devices[0])
+
+    def forward(self, batch: torch.Tensor) -> Any:
+        return self.fn(self.module, batch, list(self.devices), self.requested_output_device)
+
+    def extra_repr(self) -> str:
+        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        return f"fn={name}, devices={[str(d) for d in self.devices]}, output_device={self.output_device}"

@@ -15,6 +15,8 @@ from torch.func import functional_call
 from gpulab.devices import cuda_device_count, logical_devices, placement
 from gpulab.models import MLP, SmallCNN
 from gpulab.parallel import DataParallel, comm
+from gpulab.parallel.dp.data_parallel import FunctionalDataParallel, data_parallel
+from gpulab.parallel.dp.step_memory import HeadWorkload, step_memory
 
 
 @pytest.fixture
@@ -189,3 +191,43 @@ def test_matches_torch_data_parallel_on_real_gpus() -> None:
         torch.testing.assert_close(p.grad, q.grad)
     for b, c in zip(model.buffers(), ref.buffers()):
         torch.testing.assert_close(b, c)
+
+
+def test_functional_data_parallel_is_the_same_step_as_the_module(devs) -> None:
+    """data_parallel(...) and FunctionalDataParallel(data_parallel, ...) give DataParallel's outputs,
+    gradients and per-device peaks; the function gets output_device as it was given."""
+    work = HeadWorkload(hidden=8, vocab=500)
+    head = work.model()
+    x, y = work.batch(16)
+    for out in (None, devs[2]):
+        wrapped = FunctionalDataParallel(data_parallel, head, devs, out)
+        assert wrapped.output_device == (out or devs[0]) and list(wrapped.parameters()) == list(head.parameters())
+        ref_peaks = step_memory(DataParallel(head, devs, out), F.cross_entropy, x, y, devs).rows
+        assert [r.peak for r in step_memory(wrapped, F.cross_entropy, x, y, devs).rows] == [r.peak for r in ref_peaks]
+        torch.testing.assert_close(wrapped(x), DataParallel(head, devs, out)(x))
+        torch.testing.assert_close(data_parallel(head, x, devs, out), head(x))
+    seen = []
+
+    def spy(module, batch, devices, output_device):
+        seen.append((module, batch.shape[0], devices, output_device))
+        return module(batch)
+
+    FunctionalDataParallel(spy, head, devs)(x)
+    FunctionalDataParallel(spy, head, devs, devs[3])(x)
+    assert seen == [(head, 16, devs, None), (head, 16, devs, devs[3])]
+    assert "fn=" in repr(FunctionalDataParallel(spy, head, devs)) and "output_device=logical:0" in repr(
+        FunctionalDataParallel(spy, head, devs))
+
+
+def test_functional_data_parallel_rejects_swapped_or_bad_arguments(devs) -> None:
+    model = MLP([3, 2])
+    with pytest.raises(TypeError, match="data-parallel function .* use DataParallel"):
+        FunctionalDataParallel(model, devs, devs[0])
+    with pytest.raises(TypeError, match="wraps an nn.Module"):
+        FunctionalDataParallel(data_parallel, "model", devs)
+    with pytest.raises(TypeError, match="list of LogicalDevice"):
+        FunctionalDataParallel(data_parallel, model, "cuda")
+    with pytest.raises(TypeError):
+        FunctionalDataParallel(data_parallel, model, devs, output_device="cuda:1")
+    with pytest.raises(ValueError):
+        FunctionalDataParallel(data_parallel, comm.to(MLP([3, 2]), devs[1]), devs)
