@@ -26,7 +26,7 @@ from torch import nn
 
 from gpulab.grading.lab09 import _data
 from gpulab.parallel import launch
-from gpulab.parallel.sharding.fsdp import BlockMLP, apply_fsdp, probe_fsdp
+from gpulab.parallel.sharding.fsdp import ADAM_EPS, BlockMLP, apply_fsdp, probe_fsdp
 
 __all__ = ["fsdp_case", "run_fsdp", "reference_fsdp", "single_process_params", "expected_local_bytes", "peaks",
            "structure"]
@@ -75,7 +75,7 @@ def reference_fsdp(world_size: int = 2, depth: int = 3, width: int = 16, seed: i
 def single_process_params(depth: int = 3, width: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
     """The parameters after :func:`run_fsdp`'s steps taken by one process on the whole batch."""
     model = BlockMLP(width=width, depth=depth, seed=seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, eps=ADAM_EPS)
     inputs, targets = _data(seed=seed)
     for _ in range(NUM_STEPS):
         opt.zero_grad()

@@ -21,7 +21,12 @@ from torch import nn
 from gpulab.parallel.launcher import rank_device
 from gpulab.parallel.sharding.accumulation import C10dOps
 
-__all__ = ["BlockMLP", "apply_fsdp", "root_only", "local_param_bytes", "probe_fsdp", "probe_wrappings"]
+# AdamW with eps 1e-3: its first step is lr * g / (|g| + eps), which with torch's eps (1e-8) turns a
+# 1e-7 rounding difference in a gradient near zero (the ranks sum in another order) into 1e-5 of a
+# weight; 1e-3 bounds that gain by lr / eps and leaves every other gradient's step as it was.
+ADAM_EPS = 1e-3
+
+__all__ = ["ADAM_EPS", "BlockMLP", "apply_fsdp", "root_only", "local_param_bytes", "probe_fsdp", "probe_wrappings"]
 
 
 class BlockMLP(nn.Module):
@@ -109,7 +114,7 @@ def probe_fsdp(rank: int, world_size: int, wrap: Callable[[nn.Module, Any], Any]
             for phase, register in (("forward", layer.register_forward_pre_hook),
                                     ("backward", layer.register_full_backward_pre_hook)):
                 handles.append(register(lambda *_, at=(phase, name): timeline.append((*at, _whole_bytes(model)))))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=ADAM_EPS)
     gathers = []
     for step in range(num_steps):
         opt.zero_grad()

@@ -11,6 +11,7 @@ from torch import nn
 from gpulab.parallel import RankFailedError, launch
 from gpulab.parallel.sharding.accumulation import C10dOps
 from gpulab.parallel.sharding.fsdp import (
+    ADAM_EPS,
     BlockMLP,
     apply_fsdp,
     local_param_bytes,
@@ -25,7 +26,7 @@ def _single_process(num_steps: int = 2) -> dict[str, torch.Tensor]:
     model = BlockMLP()
     g = torch.Generator().manual_seed(1)
     inputs, targets = torch.randn(16, 8, generator=g), torch.randint(0, 8, (16,), generator=g)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, eps=ADAM_EPS)
     for _ in range(num_steps):
         opt.zero_grad()
         nn.functional.cross_entropy(model(inputs), targets).backward()
