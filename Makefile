@@ -39,8 +39,8 @@ INSTRUCTOR ?=
 PYTEST_ARGS ?=
 # make test's workers (pytest-xdist): 2 runs a test file (or one lab's pipeline) per worker at a time, the heaviest first
 # (tests/conftest.py). The labs' graded speed checks allow for the other worker's load: the
-# grader times a probe of its own beside every timed run and raises the baseline's cap by the load it
-# measures, up to 1.25x (gpulab.course.judge.load_factor). TEST_WORKERS=0 runs everything in one process.
+# grader times a probe of its own beside every timed run and scales the baseline's cap by the load it
+# measures against the reference run's, 0.5x to 1.25x (gpulab.course.judge.load_factor). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

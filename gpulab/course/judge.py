@@ -60,7 +60,13 @@ def schedule(seeds: dict[str, list[int]]) -> list[tuple[str, int, bool]]:
 # Busy machines measured 1.13-1.60x (two test workers and two grading jobs on 2 cores); the limit
 # keeps band x limit (1.56) under the 1.6x that the kit's slowed-baseline attack needs to pass, which
 # a 1.6 limit let through on such a machine.
+# The ratio also lowers the cap, down to LOAD_FLOOR, when the reference ran on the busier machine:
+# its baseline was slowed, and a cap of band x that baseline let the slowed-baseline attack through
+# whenever the student's run had the machine to itself by 16 % or more (CI saw it). Lowering the cap
+# costs an honest baseline nothing, since the quieter machine speeds it up alike; no kernel can slow
+# the reference run's probes, and the floor keeps one noisy probe from halving the cap further.
 LOAD_LIMIT = 1.25
+LOAD_FLOOR = 0.5
 PROBE_ITERATIONS = 200_000  # about 10 ms of one core of a laptop
 
 
@@ -75,11 +81,13 @@ def probe_seconds(n: int = PROBE_ITERATIONS) -> float:
 
 
 def load_factor(mine: "Runs", ref: "Runs") -> float:
-    """How much busier the machine was during ``mine``'s runs than during the reference's, from the
-    grader's probes: 1 with no probes, at most :data:`LOAD_LIMIT`, never below 1."""
+    """How much busier (above 1) or quieter (below 1) the machine was during ``mine``'s runs than
+    during the reference's, from the grader's probes: 1 with no probes, between :data:`LOAD_FLOOR`
+    and :data:`LOAD_LIMIT`."""
     if not mine.probes or not ref.probes:
         return 1.0
-    return min(LOAD_LIMIT, max(1.0, statistics.median(mine.probes) / max(statistics.median(ref.probes), 1e-9)))
+    ratio = statistics.median(mine.probes) / max(statistics.median(ref.probes), 1e-9)
+    return min(LOAD_LIMIT, max(LOAD_FLOOR, ratio))
 
 
 @dataclass
@@ -141,7 +149,8 @@ def speed_verdict(spec: dict[str, Any], mine: Runs, ref: Runs) -> tuple[str | No
     capped = min(base, band * load * ref_base)
     speedup = capped / max(cand, 1e-12)
     ref_speedup = ref_base / max(ref_cand, 1e-12)
-    busier = f" ({band:g} x {load:.2f}: the machine was {load:.2f}x as busy)" if load > 1.01 else ""
+    busier = (f" ({band:g} x {load:.2f}: the machine was {load:.2f}x as busy)" if load > 1.01 else
+              f" ({band:g} x {load:.2f}: the reference ran on a machine {1 / load:.2f}x as busy)" if load < 0.99 else "")
     figures = (f"yours {speedup:.2f}x ({cand * 1e3:.1f} ms vs baseline {base * 1e3:.1f} ms"
                + (f", counted as {capped * 1e3:.1f} ms: at most {band * load:.2f} x the reference run's{busier}"
                   if capped < base else "")

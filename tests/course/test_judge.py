@@ -4,6 +4,8 @@ grader measured itself."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpulab.course import judge
 from gpulab.course.judge import Expected, judge_cell
 from gpulab.grading.evidence import encode
@@ -110,8 +112,28 @@ def test_a_busier_machine_raises_the_cap_by_the_graders_probes_and_no_further_th
     assert judge.Runs.from_json(data).probes == [0.1, 0.2]
     assert judge.load_factor(runs(1, 1), ref) == 1.0  # a run without probes (an older reference) is not scaled
     quiet = runs(1, 1)
-    quiet.probes = [0.005] * 3
-    assert judge.load_factor(quiet, ref) == 1.0  # a quieter machine never lowers the cap
+    quiet.probes = [0.007] * 3
+    assert judge.load_factor(quiet, ref) == pytest.approx(0.7)  # the reference ran on the busier machine
+    quiet.probes = [0.001] * 3
+    assert judge.load_factor(quiet, ref) == judge.LOAD_FLOOR  # one odd probe lowers the cap no further
+
+
+def test_a_reference_run_on_a_busier_machine_lowers_the_cap() -> None:
+    """The attack CI let through: the reference ran while the machine was 1.5x as busy (its baseline
+    0.6 s, not 0.4), the student's kernel had it to itself, slowed its own baseline to 1.2 s and wrote
+    a candidate 1.1x faster than an honest baseline (0.364 s). A cap of 1.25 x 0.6 passed it (2.06x);
+    with the probes' 1/1.5 the cap is 1.25 x 0.4, and 1.37x fails. An honest student on the same
+    quiet machine (baseline 0.4, candidate 0.19) still passes, uncapped."""
+    ref = runs(0.6, 0.18)
+    ref.probes = [0.015] * 3
+    slowed = runs(1.2, 0.364)
+    slowed.probes = [0.010] * 3
+    why, _ = judge.speed_verdict(SPEC, slowed, ref)
+    assert why is not None and "counted as 500.0 ms" in why and "the reference ran on a machine 1.50x as busy" in why
+    honest = runs(0.4, 0.19)
+    honest.probes = [0.010] * 3
+    why, figures = judge.speed_verdict(SPEC, honest, ref)
+    assert why is None and "counted as" not in figures
 
 
 def test_results_must_be_the_references_and_runs_cannot_beat_the_floor() -> None:
