@@ -180,9 +180,26 @@ def graded(tmp_path_factory: pytest.TempPathFactory):
                 cell.source = re.sub(r"\n?\s*### (BEGIN|END) SOLUTION", "", answers[gid])
         nbformat.write(nb, str(folder / f"{LAB}.ipynb"))
     plan = isolation.detect()
-    rows = grade(course, LAB, jobs=2, limits=Limits(wall_s=300, cell_timeout_s=60, memory_mb=1536,
-                                                    allow_weaker=bool(plan.off())), progress=False, plan=plan)
-    return course, {r.student: r for r in rows}
+    limits = Limits(wall_s=300, cell_timeout_s=60, memory_mb=1536, allow_weaker=bool(plan.off()))
+    rows = {r.student: r for r in grade(course, LAB, jobs=2, limits=limits, progress=False, plan=plan)}
+    if rows["honest"].score < 4 and _over_the_limit(course, "honest"):
+        # The test machine itself was busier than the grader allows for (LOAD_LIMIT) while the honest
+        # notebook ran and not while the reference did (the other test worker starting a lab's
+        # grading, CI saw 2.3x): that is outside the grader's promise, so the class is graded again
+        # once, with a new seed. A failure for any other reason is not retried.
+        rows = {r.student: r for r in grade(course, LAB, jobs=2, limits=limits, progress=False, plan=plan, fresh=True)}
+    return course, rows
+
+
+def _over_the_limit(course: Path, student: str) -> bool:
+    """Whether a speed verdict in ``student``'s graded notebook says the machine was as busy as the
+    grader's limit (its figures name the load it allowed for)."""
+    from gpulab.course.judge import LOAD_LIMIT
+
+    nb = nbformat.read(str(course / "autograded" / student / LAB / f"{LAB}.ipynb"), as_version=4)
+    shown = "".join(o.get("data", {}).get("text/plain", "") + o.get("evalue", "")
+                    for c in nb.cells for o in c.get("outputs", []))
+    return f"the machine was {LOAD_LIMIT:.2f}x as busy" in shown
 
 
 @pytest.mark.timeout(900)
