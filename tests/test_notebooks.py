@@ -58,6 +58,14 @@ def _errors(nb_path: Path) -> list[tuple[int, str, str]]:
     return out
 
 
+def _only_speed_verdicts(folder: Path) -> bool:
+    """Whether the graded notebooks in ``folder`` failed, and only on timed checks (the grader's
+    verdict on a speed check says it was "timed by the grader")."""
+    failed = [o for nb in folder.glob("*.ipynb") for c in nbformat.read(str(nb), as_version=4).cells
+              if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    return bool(failed) and all(o.ename == "GradingError" and "timed by the grader" in o.evalue for o in failed)
+
+
 def _manual_points(course: Path, lab: str, student: str) -> float:
     """Points of the cells that autograde leaves to the instructor (written answers)."""
     from gpulab.course.gradebook import manual_points
@@ -108,6 +116,16 @@ def test_lab_pipeline(lab: str, tmp_path: Path, record_property) -> None:
     rows = {r.student: r for r in grade(course, lab, jobs=2, limits=Limits(allow_weaker=True), progress=False,
                                         plan=_plan())}
     timings["graded (reference, source, release)"] = time.perf_counter() - t0
+    if _only_speed_verdicts(course / "autograded" / "solution" / lab):
+        # The source failed nothing but timed checks: the other test worker's load changed between the
+        # reference run and the source's by more than the grader allows for (a speed verdict's promise
+        # holds on a machine whose load it can measure). Graded again once, with a new seed; a second
+        # failure, or any other, fails the test.
+        print(f"{lab}: the source failed only timed checks on this busy machine; graded again once")
+        t0 = time.perf_counter()
+        rows = {r.student: r for r in grade(course, lab, jobs=2, limits=Limits(allow_weaker=True), progress=False,
+                                            plan=_plan(), fresh=True)}
+        timings["graded again"] = time.perf_counter() - t0
     assert set(rows) == {"solution", "student"}, rows
     assert "not graded" not in rows["solution"].notes, rows["solution"].notes
     for nb in (course / "autograded" / "solution" / lab).glob("*.ipynb"):
