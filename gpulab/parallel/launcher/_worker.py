@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import gc
 import os
 import pickle
 import signal
@@ -54,6 +55,7 @@ class RankConfig:
     parent_pid: int
     launch_id: str  # keys in the store are prefixed with it: a rank that reached the wrong store waits harmlessly
     watchdog_fd: int | None = None  # forked ranks inherit the watchdog's pipe and must close it (else no EOF)
+    gc_enabled: bool = True  # the caller's collector setting, restored in a forked rank after gc.freeze()
 
 
 def log_path(workdir: str | Path, rank: int) -> Path:
@@ -140,6 +142,10 @@ def _rendezvous(rank: int, cfg: RankConfig):
 
 def rank_main(fn: Callable[..., Any], rank: int, args: tuple, cfg: RankConfig) -> None:
     """Entry point of one rank (the ``target`` of its ``multiprocessing.Process``)."""
+    if cfg.watchdog_fd is not None:  # forked: the caller's objects stay uncollected here (see launch.py)
+        gc.freeze()
+        if cfg.gc_enabled:
+            gc.enable()
     try:
         os.setpgid(0, 0)
     except OSError:  # not permitted (rare); the parent then stops only the rank itself

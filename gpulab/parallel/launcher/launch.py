@@ -14,6 +14,8 @@ The details of each choice are in the comment below the imports.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -22,7 +24,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -59,6 +61,13 @@ from gpulab.parallel.launcher.startup import (
 #   vanished (failures.py); on a timeout every rank is stopped and the error says where each waited.
 # - no rank process (nor a DataLoader worker or subprocess it started) outlives launch, nor its
 #   caller, even one killed with SIGKILL (_watchdog.py).
+# - the caller's garbage stays with the caller: a forked rank copies unreachable cycles that the
+#   caller's collector has not freed yet. Collected in the rank, one that holds a C++ object with a
+#   thread (a TCPStore server, a gloo process group, a DataLoader's pin-memory thread) waits forever
+#   in its destructor for a thread that the fork did not copy, and the rank hangs in whatever line
+#   allocated ("Garbage-collecting" in the stack). So the caller collects just before forking, with
+#   its collector paused until the ranks exist, and each forked rank freezes what it inherited
+#   (gc.freeze: never collected there) before it turns collection on again.
 
 
 __all__ = ["launch", "RankFailedError", "LaunchTimeoutError"]
@@ -202,6 +211,26 @@ class _PortTaken(Exception):
     pass
 
 
+@contextlib.contextmanager
+def _collected_before_fork(forking: bool) -> Iterator[None]:
+    """Free the caller's garbage here, and keep the collector off until the ranks are forked.
+
+    A forked rank starts with the collector off (the fork copies that state) and turns it on in
+    ``_worker.rank_main`` after ``gc.freeze()``; the comment below the imports says why.
+    """
+    if not forking:
+        yield
+        return
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _run(fn: Callable[..., Any], args: tuple, world_size: int, backend: str, method: str, port: int, threads: int,
          timeout: float, deadline: float, echo: bool) -> list[Any]:
     """One attempt: start the ranks on ``port``, supervise them, clean up whatever happens."""
@@ -211,20 +240,22 @@ def _run(fn: Callable[..., Any], args: tuple, world_size: int, backend: str, met
         # (see _worker), the watchdog kills each rank's process group (see _watchdog for why both).
         watchdog = Watchdog()
         cfg = RankConfig(world_size, backend, port, float(timeout), threads, workdir, os.getpid(), uuid.uuid4().hex,
-                         watchdog.fd if method == "fork" else None)  # a spawned rank has no copy to close
+                         watchdog.fd if method == "fork" else None,  # a spawned rank has no copy to close
+                         gc_enabled=gc.isenabled())
         procs: dict[int, Any] = {}
         echo_out = _Echo(workdir, world_size, echo)
         try:
-            for rank in range(world_size):
-                p = ctx.Process(target=_worker.rank_main, args=(fn, rank, args, cfg), daemon=False,
-                                name=f"gpulab-rank{rank}")
-                p.start()
-                try:
-                    os.setpgid(p.pid, p.pid)  # also done in the child; whichever runs first wins the race
-                except (OSError, AttributeError):
-                    pass
-                procs[rank] = p
-                watchdog.watch(p.pid)
+            with _collected_before_fork(method == "fork"):
+                for rank in range(world_size):
+                    p = ctx.Process(target=_worker.rank_main, args=(fn, rank, args, cfg), daemon=False,
+                                    name=f"gpulab-rank{rank}")
+                    p.start()
+                    try:
+                        os.setpgid(p.pid, p.pid)  # also done in the child; whichever runs first wins the race
+                    except (OSError, AttributeError):
+                        pass
+                    procs[rank] = p
+                    watchdog.watch(p.pid)
             return _supervise(procs, workdir, world_size, timeout, deadline, echo_out)
         finally:
             for p in procs.values():

@@ -243,3 +243,31 @@ def test_a_forked_rank_runs_one_thread_after_the_parent_used_openmp() -> None:
     finally:
         torch.set_num_threads(before)
     assert got == [1, 1]
+
+
+def _collect_in_the_rank(rank: int, world_size: int) -> bool:
+    import gc
+
+    gc.collect()  # hung here when the caller's garbage held a TCPStore server
+    return gc.isenabled()
+
+
+def test_the_callers_garbage_is_not_collected_in_a_forked_rank(no_orphans) -> None:
+    """CI hung a 2-rank launch in "Garbage-collecting": the rank freed a cycle it had copied from the
+    caller, whose C++ destructor waits for a thread that the fork did not copy."""
+    import gc
+    from datetime import timedelta
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10))  # a server thread, here only
+    cycle: dict = {"store": store}
+    cycle["self"] = cycle
+    gc.disable()  # keep the cycle alive as garbage until the fork, as a busy caller's collector can
+    try:
+        del store, cycle
+        got = launch(_collect_in_the_rank, 2, timeout=20, echo=False, start_method="fork")
+        assert gc.isenabled() is False, "launch must give the caller its collector back as it found it"
+    finally:
+        gc.enable()
+    assert got == [False, False], "a forked rank keeps the caller's collector setting"
+    got = launch(_collect_in_the_rank, 2, timeout=20, echo=False, start_method="fork")
+    assert got == [True, True], "a forked rank must collect again once it has frozen what it inherited"
