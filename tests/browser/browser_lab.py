@@ -31,10 +31,8 @@ Chromium: Playwright cannot download its own browser everywhere, so this uses th
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -45,11 +43,20 @@ from pathlib import Path
 import nbformat
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from .common import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    NO_RESPONSE,
+    REPO,
+    WRITTEN_PROMPT,
+    assert_validate_passed,
+    free_port,
+    solutions,
+    wait,
+    written_answers,
+)
+
 ARTIFACTS = REPO / "test-artifacts" / "browser"
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 # what a student must not see: nbgrader's instructor tools (text in menus, sidebars, launcher)
 INSTRUCTOR_TEXTS = ("Formgrader", "Assignment List", "Course List", "Create Assignment", "Nbgrader")
 EXCEPTION_REPR = re.compile(r"^\s*\w*(Error|Exception|Warning)\(", re.M)
@@ -61,24 +68,6 @@ except ImportError as err:  # a missing browser driver must fail the run, not sk
 pytestmark = pytest.mark.browser
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(condition, timeout: float, what: str, every: float = 0.2):
-    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
-    end = time.monotonic() + timeout
-    while True:
-        got = condition()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
-
-
 class Lab:
     """The JupyterLab that ``make lab`` starts, on a scratch course and work folder."""
 
@@ -86,14 +75,14 @@ class Lab:
         self.course, self.work, self.log = root / "course", root / "work", root / "jupyter.log"
         shutil.copytree(REPO / "notebooks" / "source", self.course / "source")
         shutil.copy(REPO / "notebooks" / "nbgrader_config.py", self.course)
-        port = _free_port()
+        port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpulab.course.lab", "--course", str(self.course), "--work", str(self.work),
              "--port", str(port)], stdout=self.log.open("w"), stderr=subprocess.STDOUT, cwd=root)
         # the launcher prints the URL it chose, then becomes JupyterLab; wait for both
-        self.url = _wait(self._url, 600, "the launcher's URL (it releases every lab first)", every=0.5)
+        self.url = wait(self._url, 600, "the launcher's URL (it releases every lab first)", every=0.5)
         self.base, self.token = self.url.split("/lab?token=")
-        _wait(self._up, 120, "JupyterLab to answer /api/status", every=0.5)
+        wait(self._up, 120, "JupyterLab to answer /api/status", every=0.5)
 
     def _url(self) -> str | None:
         if self.proc.poll() is not None:
@@ -172,7 +161,7 @@ def _open_notebook(page, lab: Lab, path: str) -> None:
         if choose.count() and choose.is_visible():  # JupyterLab may ask once which kernel to use
             choose.click()
         return idle.count() > 0 and idle.is_visible()
-    _wait(ready, 180, f"the kernel of {path} to start")
+    wait(ready, 180, f"the kernel of {path} to start")
 
 
 def _menu(page, top: str, item: str) -> None:
@@ -192,7 +181,7 @@ def _save_and_read(page, nb_path: Path, must=lambda nb: True) -> nbformat.Notebo
         except Exception:  # half-written file: read again
             return None
         return nb if must(nb) else None
-    return _wait(saved, 60, f"{nb_path.name} to be saved with the browser's state")
+    return wait(saved, 60, f"{nb_path.name} to be saved with the browser's state")
 
 
 def _running_prompts(page) -> int:
@@ -265,7 +254,7 @@ def test_lab00_run_all_stops_at_the_first_exercise(lab: Lab, page) -> None:
     # not render cells scrolled out of view, and Run All scrolls to the last cell)
     _panel(page).locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                          has_text="NotImplementedError").first.wait_for(state="attached", timeout=240_000)
-    _wait(lambda: _running_prompts(page) == 0, 120, "the queued cells to be cleared after the error")
+    wait(lambda: _running_prompts(page) == 0, 120, "the queued cells to be cleared after the error")
     _panel(page).locator(".jp-OutputArea-output", has_text="NotImplementedError").first.scroll_into_view_if_needed()
     _shot(page, "2-lab00-run-all")
     nb = _save_and_read(page, nb_path, must=lambda nb: any(o.get("output_type") == "error"
@@ -288,31 +277,9 @@ def test_lab00_run_all_stops_at_the_first_exercise(lab: Lab, page) -> None:
                 assert not EXCEPTION_REPR.search(shown), f"cell {i} shows Out[] holding an exception: {shown[:200]}"
 
 
-def _answers(lab_id: str) -> dict[str, str]:
-    """The reference answers of a lab's solution code cells, by grade id, as a student would type them
-    (the solution without nbgrader's markers)."""
-    source = nbformat.read(str(REPO / "notebooks" / "source" / lab_id / f"{lab_id}.ipynb"), as_version=4)
-
-    def answer(src: str) -> str:
-        return "\n".join(line for line in src.splitlines() if "### BEGIN SOLUTION" not in line
-                         and "### END SOLUTION" not in line)
-    return {c.metadata["nbgrader"]["grade_id"]: answer(c.source) for c in source.cells
-            if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"}
-
-
-# what Validate reports for a written answer left for later (nbgrader's markdown solution cell)
-WRITTEN_PROMPT, NO_RESPONSE = "YOUR ANSWER HERE", "You did not provide a response."
-
-
-def _written_answers(lab_id: str) -> int:
-    """How many written answers (markdown solution cells) the lab asks for."""
-    source = nbformat.read(str(REPO / "notebooks" / "source" / lab_id / f"{lab_id}.ipynb"), as_version=4)
-    return sum(1 for c in source.cells if c.cell_type == "markdown" and c.metadata.get("nbgrader", {}).get("solution"))
-
-
 def _typed_answers(page, lab: Lab, lab_id: str) -> dict[str, str]:
     """Type the reference answers into the release's solution cells, in the browser."""
-    answers = _answers(lab_id)
+    answers = solutions(lab_id)
     cells = _panel(page).locator(".jp-Notebook .jp-Cell")
     release = nbformat.read(str(lab.work / lab_id / f"{lab_id}.ipynb"), as_version=4)
     for i, c in enumerate(release.cells):
@@ -353,21 +320,13 @@ def test_validate_passes_every_test_with_the_answers(lab: Lab, page, lab_id: str
     dialog = page.locator(".jp-Dialog")
     budget = VALIDATED_IN_BROWSER[lab_id]
     dialog.wait_for(timeout=budget * 1000)  # the dialog opens with the result
-    _wait(lambda: "Success" in dialog.inner_text() or "failed" in dialog.inner_text().lower()
+    wait(lambda: "Success" in dialog.inner_text() or "failed" in dialog.inner_text().lower()
           or "error" in dialog.inner_text().lower(), 30, f"{lab_id}'s validation result in its dialog")
     seconds = time.monotonic() - t0
     _shot(page, f"3b-{lab_id}-validate")
     text = dialog.inner_text()
     print(f"{lab_id}: Validate answered in {seconds:.0f} s (budget {budget} s)")
-    written = _written_answers(lab_id)
-    if not written:
-        assert "Success" in text and "passes all the tests" in text, f"Validate said:\n{text[:2000]}"
-        return
-    # only the written answers (markdown, left to the instructor) may be reported, as not answered
-    rest = text.replace(f"{WRITTEN_PROMPT}\n{NO_RESPONSE}", "")
-    assert text.count(NO_RESPONSE) == written, f"Validate said:\n{text[:2000]}"
-    assert not re.search(r"\w", re.sub(r"Validation Results|The following (\d+ )?cells? failed:|\bOk\b", "", rest)), \
-        f"a test failed; Validate said:\n{text[:2000]}"
+    assert_validate_passed(text, lab_id)
 
 
 def test_make_check_passes_the_answers(lab: Lab) -> None:
@@ -380,7 +339,7 @@ def test_make_check_passes_the_answers(lab: Lab) -> None:
     for lab_id in CHECKED:
         path = lab.work / lab_id / f"{lab_id}.ipynb"
         nb = nbformat.read(str(path), as_version=4)
-        answers = _answers(lab_id)
+        answers = solutions(lab_id)
         for c in nb.cells:
             gid = c.metadata.get("nbgrader", {}).get("grade_id")
             if gid in answers:
@@ -391,7 +350,7 @@ def test_make_check_passes_the_answers(lab: Lab) -> None:
         took[lab_id] = round(time.monotonic() - t0)
         unanswered = [f for f in result.failed if f[0] == WRITTEN_PROMPT and NO_RESPONSE in f[1]]
         tests = [f for f in result.failed if f not in unanswered]  # anything else is a test that failed
-        if tests or result.changed or result.type_changed or result.error or len(unanswered) != _written_answers(lab_id):
+        if tests or result.changed or result.type_changed or result.error or len(unanswered) != written_answers(lab_id):
             failures.append(f"{lab_id}:\n{result.summary()}")
     print("make check, seconds per lab:", took)
     assert not failures, "\n\n".join(failures)
@@ -418,7 +377,7 @@ def test_lab01_live_monitor_renders_and_updates(lab: Lab, page) -> None:
         if m:
             seen.add(m.group(1))
         return len(seen) >= 2
-    _wait(two_readings, 120, "the live monitor to show a second reading", every=0.1)
+    wait(two_readings, 120, "the live monitor to show a second reading", every=0.1)
     live.filter(has_text="[stopped]").first.wait_for(state="attached", timeout=180_000)
     cell.scroll_into_view_if_needed()
     _shot(page, "4b-lab01-monitor-stopped")
