@@ -14,7 +14,7 @@ of the grader before it (``--lab 06_ddp --submissions 30 --jobs 2 --old ...``).
 
 Every submission is the lab's source notebook (full marks). The grader runs the lab's reference
 run once, then grades each submission in a grading copy of its own, with nbgrader started once per
-submission, under the OS isolation of ``gpulab.course.isolation`` (namespaces, cgroup, the
+submission, under the OS isolation of ``gpulab.confine.isolation`` (namespaces, cgroup, the
 kernel's own uid, Landlock), judged against the reference run; plain nbgrader starts once for the
 whole class and runs every kernel as the grader, deciding in the kernel. Rounds alternate (sandbox, plain, sandbox, plain...) so that a change in the machine's
 load falls on both. ``sandbox_overhead`` is the sandbox's total time over plain nbgrader's.

@@ -28,7 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpulab.course import cluster, isolation  # noqa: E402
+from gpulab.confine import isolation  # noqa: E402
+from gpulab.course import cluster  # noqa: E402
 from gpulab.course.grade import NOT_YET, grade  # noqa: E402
 from gpulab.course.release import release  # noqa: E402
 from gpulab.course.sandbox import Limits  # noqa: E402

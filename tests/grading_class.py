@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 from conftest import COURSE
 
-from gpulab.course.jail import landlock_abi
+from gpulab.confine.jail import landlock_abi
 from gpulab.course.release import release
 
 LAB = "00_setup"

@@ -44,11 +44,12 @@ from grading_class import (
     submit_class,
 )
 
+from gpulab.confine import isolation
+from gpulab.confine.jail import landlock_abi
 from gpulab.course import feedback as fb
-from gpulab.course import gradebook, integrity, isolation
+from gpulab.course import gradebook, integrity
 from gpulab.course.collect import collect
 from gpulab.course.grade import grade
-from gpulab.course.jail import landlock_abi
 from gpulab.course.nbgrader_cli import nbgrader
 from gpulab.course.sandbox import Limits
 

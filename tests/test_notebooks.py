@@ -24,7 +24,7 @@ import nbformat
 import pytest
 from conftest import COURSE
 
-from gpulab.course import isolation
+from gpulab.confine import isolation
 from gpulab.course.grade import grade, scores_from_gradebook
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 from gpulab.course.sandbox import Limits

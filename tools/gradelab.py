@@ -24,7 +24,7 @@ import nbformat
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpulab.course import isolation  # noqa: E402
+from gpulab.confine import isolation  # noqa: E402
 from gpulab.course.grade import grade  # noqa: E402
 from gpulab.course.release import release  # noqa: E402
 from gpulab.course.sandbox import Limits  # noqa: E402

@@ -4,11 +4,11 @@ goes through it:
 - ``release`` (release, copy-work, check) and ``lab`` (``make lab``), ``validate`` and
   ``execution`` (the student's Validate), then ``collect`` (an LMS download into ``submitted/``);
 - ``grade`` (the class in parallel, ``grades.csv``) runs ``reference`` (the expected values) and,
-  per submission, ``sandbox`` (``integrity``, ``isolation``/``nsinit``/``cgroups``, ``mask``,
-  ``jail``, ``kernel``) around ``execute`` (the cells run, the evidence taken) and ``judge`` (the
+  per submission, ``sandbox`` (``integrity``, ``mask``, ``kernel``, and the OS layers of
+  :mod:`gpulab.confine`) around ``execute`` (the cells run, the evidence taken) and ``judge`` (the
   verdicts); ``gradebook`` merges each result, ``similarity`` and ``notes`` write the notes;
 - ``feedback`` renders the pages without hidden tests.
 
 ``notebooks/source/<lab>/`` holds the only hand-edited copy of each lab. This file imports
-nothing: each submission starts small processes from here (``nsinit``, ``jail``).
+nothing.
 """

@@ -56,7 +56,7 @@ def grade_main(argv: list[str]) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from gpulab.course import isolation
+    from gpulab.confine import isolation
     from gpulab.course.grade import default_jobs, default_memory_mb, grade, print_table
     from gpulab.course.sandbox import Limits
 

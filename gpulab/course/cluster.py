@@ -17,7 +17,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpulab.course import integrity, isolation, jail, links, mask, students
+from gpulab.confine import isolation, jail
+from gpulab.course import integrity, links, mask, students
 from gpulab.course.sandbox import LabRun, Limits, SandboxResult, grade_safely, grading_root
 from gpulab.labs import LABS
 

@@ -30,9 +30,9 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Integer, Unicode
 
+from gpulab.confine.isolation import kill_marked
 from gpulab.course import links
 from gpulab.course.execution import after_timeout
-from gpulab.course.isolation import kill_marked
 from gpulab.course.judge import Expected, Runs, judge_cell, probe_seconds, run_seeds, schedule
 from gpulab.course.kernel import MAX_MESSAGE_BYTES, JailedKernelManager
 from gpulab.grading.evidence import MIME

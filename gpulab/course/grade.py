@@ -27,7 +27,8 @@ from typing import Iterator
 import psutil
 from tqdm.auto import tqdm
 
-from gpulab.course import cluster, gradebook, integrity, isolation, jail, mask, students
+from gpulab.confine import isolation, jail
+from gpulab.course import cluster, gradebook, integrity, mask, students
 from gpulab.course.mask import lab_references
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 from gpulab.course.reference import ReferenceError, run_reference

@@ -1,5 +1,5 @@
 """How nbgrader starts and talks to a student's kernel in the sandbox: :class:`JailedKernelManager`
-starts it through its cgroup leaf, ``setpriv`` and :mod:`gpulab.course.jail`, and
+starts it through its cgroup leaf, ``setpriv`` and :mod:`gpulab.confine.jail`, and
 :class:`CappedKernelClient` refuses a message too big to read without nbgrader's memory growing.
 """
 
@@ -17,7 +17,7 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.channels import AsyncZMQSocketChannel
 from traitlets import DottedObjectName, Integer, List, Type, Unicode
 
-from gpulab.course import isolation
+from gpulab.confine import isolation
 
 # The largest message nbgrader reads from the kernel: past it, libzmq drops the connection instead
 # of reading the message into nbgrader's memory. A plot is well under 1 MiB.
@@ -80,14 +80,14 @@ class CappedKernelClient(AsyncKernelClient):
 
 
 class JailedKernelManager(AsyncKernelManager):
-    """Starts the kernel through ``kernel_prefix`` (``setpriv``) and ``python -m gpulab.course.jail``,
+    """Starts the kernel through ``kernel_prefix`` (``setpriv``) and ``python -m gpulab.confine.jail``,
     which exec it in place, so interrupts and kills reach the kernel itself. The jail's audit log
     crosses a pipe whose write end is all the kernel holds; this process appends it to ``audit_log``,
     which the kernel cannot open, and logs a pipe closed while the kernel still runs."""
 
     AUDIT_FD = "{audit_fd}"  # in jail_args, replaced by the pipe's descriptor at launch
 
-    jail_args = List(Unicode(), help="arguments for python -m gpulab.course.jail").tag(config=True)
+    jail_args = List(Unicode(), help="arguments for python -m gpulab.confine.jail").tag(config=True)
     kernel_prefix = List(Unicode(), help="command put before the jail (setpriv ...)").tag(config=True)
     kernel_uid = Integer(-1, help="the kernel's uid: its folder and connection file are handed to it "
                                   "(-1: the kernel keeps nbgrader's uid)").tag(config=True)
@@ -103,8 +103,8 @@ class JailedKernelManager(AsyncKernelManager):
         if not self.jail_args:
             return [*self.kernel_prefix, *cmd]
         if len(cmd) >= 3 and cmd[1] == "-m":  # a Python kernel: the jail imports and runs the module
-            return [*self.kernel_prefix, cmd[0], "-m", "gpulab.course.jail", *self.jail_args, "--", *cmd[1:]]
-        return [*self.kernel_prefix, sys.executable, "-m", "gpulab.course.jail", *self.jail_args, "--", *cmd]
+            return [*self.kernel_prefix, cmd[0], "-m", "gpulab.confine.jail", *self.jail_args, "--", *cmd[1:]]
+        return [*self.kernel_prefix, sys.executable, "-m", "gpulab.confine.jail", *self.jail_args, "--", *cmd]
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: object) -> None:
         if not self.audit_log or self.AUDIT_FD not in kernel_cmd:

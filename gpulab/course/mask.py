@@ -7,7 +7,7 @@ module's file is bound over by a copy whose masked definitions keep their names 
 and lose their bodies and docstrings. Everything else in that file, and the rest of gpulab, works
 as usual. Because the file itself is masked, ``inspect.getsource`` and a plain ``open`` of it show
 the stub too; compiled copies in ``__pycache__`` are covered by an empty file, so Python
-recompiles the stub (:mod:`gpulab.course.nsinit` mounts both, ``--bind``).
+recompiles the stub (:mod:`gpulab.confine.nsinit` mounts both, ``--bind``).
 
     binds = write_masks(REFERENCES, root / "masks" / lab)   # [(masked copy, original file), ...]
 

@@ -130,7 +130,7 @@ def isolation_notes(peaks: dict[str, int | None], pids_max: int, memory_mb: int,
                     tmp_mb: int = 0, shm_mb: int = 0) -> list[str]:
     """Notes for what the OS isolation stopped: the process cap, the memory cap, a full private
     ``/tmp`` or ``/dev/shm``, and processes that outlived their kernel (from the cgroup's peaks and
-    :func:`gpulab.course.nsinit.report`)."""
+    :func:`gpulab.confine.nsinit.report`)."""
     notes = []
     if peaks.get("pids_refused"):
         notes.append(f"hit the cap of {pids_max} processes and threads (pids.max) {peaks['pids_refused']} time(s): "

@@ -1,6 +1,6 @@
 """Grade one submission: nbgrader's own ``autograde``, in an isolated copy of the course, in the
-submission's namespaces and cgroup (:mod:`gpulab.course.isolation`), its kernel started through
-``setpriv`` and :mod:`gpulab.course.jail` and run by :class:`gpulab.course.execute.SandboxedExecute`.
+submission's namespaces and cgroup (:mod:`gpulab.confine.isolation`), its kernel started through
+``setpriv`` and :mod:`gpulab.confine.jail` and run by :class:`gpulab.course.execute.SandboxedExecute`.
 
 A copy, because parallel autogrades writing one sqlite gradebook fail with "database is locked",
 and a notebook must not touch the real course. :mod:`gpulab.course.gradebook` later merges the
@@ -28,7 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-from gpulab.course import integrity, isolation, jail, links, students
+from gpulab.confine import isolation, jail
+from gpulab.course import integrity, links, students
 from gpulab.course import notes as notes_mod
 from gpulab.course.execute import FULL
 from gpulab.course.limits import LabRun, Limits, SandboxResult  # re-exported: callers import them from here
@@ -250,7 +251,7 @@ def run_autograde(box: Path, lab: str, student: str, limits: Limits,
         # nbgrader itself writes only in the grading copy: a link the kernel left cannot carry its
         # writes into the course (Landlock; without it, links.remove_unsafe is the only guard)
         extra = (["/tmp"] if private_tmp else []) + (sub.kernel_cgroup_dirs() if sub is not None else [])
-        cmd = [sys.executable, "-m", "gpulab.course.jail", "--write", str(box),
+        cmd = [sys.executable, "-m", "gpulab.confine.jail", "--write", str(box),
                *[a for d in extra for a in ("--write", d)], "--", *cmd]
     if sub is not None:
         cmd = sub.join_command() + sub.wrap(cmd, report=box / "namespace.json")

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import COURSE
 
-from gpulab.course import cluster, gradebook, isolation
+from gpulab.confine import isolation
+from gpulab.course import cluster, gradebook
 from gpulab.course import grade as grading_run
 from gpulab.course.release import release
 from gpulab.course.sandbox import Limits

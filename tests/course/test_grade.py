@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import COURSE
 
+from gpulab.confine import isolation
 from gpulab.course import grade as grading_run
-from gpulab.course import isolation
 from gpulab.course.__main__ import main as course_main
 from gpulab.course.release import release
 
@@ -58,7 +58,7 @@ def test_a_lab_timed_alone_is_graded_after_the_others_with_nothing_beside_it(tmp
     import threading
     import time
 
-    from gpulab.course import isolation
+    from gpulab.confine import isolation
     from gpulab.course.sandbox import SandboxResult
     from gpulab.labs import LABS
 

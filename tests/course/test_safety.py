@@ -13,9 +13,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from gpulab.confine.jail import landlock_abi
 from gpulab.course import feedback as fb
 from gpulab.course import integrity, links
-from gpulab.course.jail import landlock_abi
 from gpulab.course.notes import read_write_log, write_notes
 
 
@@ -95,7 +95,7 @@ def test_scan_flags_what_only_tampering_needs_and_not_the_labs() -> None:
 def _jail(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "probe_mod.py").write_text(code)
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "gpulab.course.jail", *args, "--", "-m", "probe_mod"],
+    return subprocess.run([sys.executable, "-m", "gpulab.confine.jail", *args, "--", "-m", "probe_mod"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
 
 

@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from conftest import COURSE
 
-from gpulab.course import isolation
+from gpulab.confine import isolation
 from gpulab.course.grade import grade
 from gpulab.course.release import release
 from gpulab.course.sandbox import Limits

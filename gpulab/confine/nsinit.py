@@ -1,11 +1,11 @@
 """PID 1 of a submission's namespaces: join its cgroup, mount its private ``/tmp``, ``/dev/shm`` and
 ``/dev/pts``, hide the rest of the machine, bring up loopback, then run nbgrader and reap the rest.
 
-:mod:`gpulab.course.isolation` starts it through util-linux ``unshare`` (PID, mount, IPC, network
+:mod:`gpulab.confine.isolation` starts it through util-linux ``unshare`` (PID, mount, IPC, network
 and UTS namespaces; a user namespace too where the grader is not root)::
 
-    unshare --pid --fork --kill-child --mount-proc --mount ... -- python -m gpulab.course.nsinit \
-        --cgroup-procs .../grader/cgroup.procs --tmp-mb 1024 ... -- python -m gpulab.course.jail ... -- nbgrader ...
+    unshare --pid --fork --kill-child --mount-proc --mount ... -- python -m gpulab.confine.nsinit \
+        --cgroup-procs .../grader/cgroup.procs --tmp-mb 1024 ... -- python -m gpulab.confine.jail ... -- nbgrader ...
 
 Being PID 1 is why it exists: when it exits, Linux kills every other process of the namespace,
 whatever session or environment it gave itself. It also inherits and reaps every orphan, and
@@ -258,7 +258,7 @@ def run(command: list[str], report_to: TextIO | None, finish: Any = None) -> int
         try:
             os.execvp(command[0], command)
         except OSError as err:
-            print(f"gpulab.course.nsinit: cannot start {command[0]}: {err}", file=sys.stderr, flush=True)
+            print(f"gpulab.confine.nsinit: cannot start {command[0]}: {err}", file=sys.stderr, flush=True)
         finally:
             os._exit(127)
 
@@ -310,7 +310,7 @@ def report(maxrss_kib: int) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m gpulab.course.nsinit", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m gpulab.confine.nsinit", description=__doc__.splitlines()[0])
     p.add_argument("--cgroup-procs", action="append", default=[], help="a cgroup.procs file to join (repeat)")
     p.add_argument("--tmp-mb", type=int, default=1024)
     p.add_argument("--shm-mb", type=int, default=1024)
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
             quotas = quota_mounts(args.quota)
         loopback_up()
     except OSError as err:
-        print(f"gpulab.course.nsinit: the submission's namespaces could not be set up: {err}", file=sys.stderr)
+        print(f"gpulab.confine.nsinit: the submission's namespaces could not be set up: {err}", file=sys.stderr)
         sys.exit(125)
     back = [os.path.realpath(b) for b in args.copy_back]
     sys.exit(run(command, report_to, lambda: {"quota": copy_out(quotas, back, args.max_file_mb * 2**20)}))

@@ -1,4 +1,4 @@
-"""gpulab.course.jail: the kernel's box refuses writes outside it, reads of the instructor's files and too much
+"""gpulab.confine.jail: the kernel's box refuses writes outside it, reads of the instructor's files and too much
 memory, and logs what it refused; the read grant covers everything but the denied folders."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from gpulab.confine.jail import landlock_abi
 from gpulab.course import notes
-from gpulab.course.jail import landlock_abi
 
 
 def _jail(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "probe_mod.py").write_text(code)
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "gpulab.course.jail", *args, "--", "-m", "probe_mod"],
+    return subprocess.run([sys.executable, "-m", "gpulab.confine.jail", *args, "--", "-m", "probe_mod"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
 
 
@@ -85,7 +85,7 @@ def test_jail_memory_limit_raises_memory_error_in_the_student_code(tmp_path: Pat
 def test_audit_hook_lets_the_most_specific_rule_win(tmp_path: Path) -> None:
     # the kernel's own folder lies inside the denied grading folder: readable; a denied course inside an
     # allowed folder (the private /tmp): refused, and logged
-    from gpulab.course.jail import file_guard
+    from gpulab.confine.jail import file_guard
     log: list[dict] = []
     hook = file_guard(None, log.append, unreadable=[str(tmp_path / "grading"), str(tmp_path / "tmp" / "course")],
                       readable=[str(tmp_path / "grading" / "me"), str(tmp_path / "tmp")])
@@ -106,7 +106,7 @@ def test_audit_hook_lets_the_most_specific_rule_win(tmp_path: Path) -> None:
 
 
 def test_readable_paths_grant_everything_but_the_denied_folders(tmp_path: Path) -> None:
-    from gpulab.course.jail import readable_paths
+    from gpulab.confine.jail import readable_paths
     (tmp_path / "course" / "source").mkdir(parents=True)
     (tmp_path / "course" / "release").mkdir()
     (tmp_path / "course" / "gradebook.db").write_text("")
@@ -123,7 +123,7 @@ def test_readable_paths_grant_everything_but_the_denied_folders(tmp_path: Path) 
 
 
 def test_repository_secrets_name_git_and_every_checkouts_course(tmp_path: Path) -> None:
-    from gpulab.course.jail import repository_secrets
+    from gpulab.confine.jail import repository_secrets
     repo = Path(__file__).resolve().parents[2]
     # a course copied outside any repository still hides the checkout gpulab runs from
     found = repository_secrets(tmp_path)
@@ -139,7 +139,7 @@ def test_allowed_folders_inside_an_unlistable_denied_folder_are_still_granted(tm
     # its own folders inside must be granted by name
     import os
 
-    from gpulab.course import jail
+    from gpulab.confine import jail
     grading = tmp_path / "grading"
     for d in ("lab/me/tmp", "lab/me/work", "lab/mate/tmp"):
         (grading / d).mkdir(parents=True)

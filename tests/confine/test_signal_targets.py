@@ -1,4 +1,4 @@
-"""gpulab.course.signal_targets: a signal to the kernel's own processes, live or already reaped, stays
+"""gpulab.confine.signal_targets: a signal to the kernel's own processes, live or already reaped, stays
 inside; one that reaches a process the kernel did not start is named."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpulab.course.signal_targets import outside, targets
+from gpulab.confine.signal_targets import outside, targets
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc (Linux)")
 

@@ -1,4 +1,4 @@
-"""gpulab.course.isolation, cgroups and nsinit: each submission's namespaces, cgroup and kernel uid,
+"""gpulab.confine.isolation, cgroups and nsinit: each submission's namespaces, cgroup and kernel uid,
 tried for real on this machine (root on Linux here and in CI); the refusal, flag and note where a
 layer is missing; and, without them, the kill by process tree and by the GPULAB_SANDBOX marker."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpulab.course import cgroups, isolation
-from gpulab.course.isolation import kill_marked, kill_tree
+from gpulab.confine import cgroups, isolation
+from gpulab.confine.isolation import kill_marked, kill_tree
 from gpulab.course.notes import isolation_notes
 
 PLAN = isolation.detect()
@@ -137,7 +137,7 @@ def test_a_checkout_under_tmp_stays_reachable_and_nothing_else_of_tmp(tmp_path: 
     (kept / "notebooks" / "source" / "answers.txt").write_text("secret")
     (kept / "HEAD").write_text("secret")
     beside.write_text("secret")
-    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "16", "--shm-mb", "16", *isolation._keep_args(isolation.kernel_paths()),
+    init = [sys.executable, "-m", "gpulab.confine.nsinit", "--tmp-mb", "16", "--shm-mb", "16", *isolation._keep_args(isolation.kernel_paths()),
             "--keep", str(kept), "--mask", str(kept / "notebooks"), "--mask", str(kept / "HEAD"), "--mask", "/var/nope"]
     code = f"""import os
 try:

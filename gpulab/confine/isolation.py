@@ -1,14 +1,14 @@
 """OS isolation of each submission, from what Linux already has. Its ``nbgrader autograde``, and so
 its kernel, runs:
 
-- in **namespaces of its own** (util-linux ``unshare``, :mod:`gpulab.course.nsinit` as PID 1): PID
+- in **namespaces of its own** (util-linux ``unshare``, :mod:`gpulab.confine.nsinit` as PID 1): PID
   (its end kills every process left), IPC, network (a loopback of its own), UTS and mount (a
   private, size-capped ``/tmp`` and ``/dev/shm``, its own ``/dev/pts``, the rest of the machine
   hidden but the system, this Python and gpulab, gpulab's references masked);
-- in a **cgroup of its own** (:mod:`gpulab.course.cgroups`): tasks and memory capped, killed whole;
+- in a **cgroup of its own** (:mod:`gpulab.confine.cgroups`): tasks and memory capped, killed whole;
 - with the **kernel under an identity of its own**: as root, an unused uid with no capabilities
   (``setpriv``); as a user, root of a new user namespace with no capability left;
-- under **Landlock** and the audit hook (:mod:`gpulab.course.jail`).
+- under **Landlock** and the audit hook (:mod:`gpulab.confine.jail`).
 
 :func:`detect` tries each layer once per run; ``make grade`` refuses to grade without one unless
 the instructor passes ``--allow-weaker-sandbox`` (``ALLOW_WEAKER_SANDBOX=1``).
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import psutil
 
-from gpulab.course import cgroups
-from gpulab.course.jail import landlock_abi
+from gpulab.confine import cgroups
+from gpulab.confine.jail import landlock_abi
 
 UNSHARE_NS = ["--pid", "--fork", "--kill-child", "--mount-proc", "--mount", "--propagation", "private",
               "--ipc", "--net", "--uts"]
@@ -136,7 +136,7 @@ def kernel_paths() -> list[str]:
 
 def kept_under_tmp() -> list[str]:
     """What of the machine's ``/tmp`` a private ``/tmp`` still shows, read-only: :func:`kernel_paths` there."""
-    from gpulab.course.nsinit import under_tmp
+    from gpulab.confine.nsinit import under_tmp
 
     return under_tmp(kernel_paths())
 
@@ -159,8 +159,8 @@ def _try(root: bool) -> tuple[str | None, str | None]:
     if shutil.which("unshare") is None:
         return "util-linux unshare is not installed", "needs util-linux unshare"
     paths = kernel_paths()
-    init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", "1", "--shm-mb", "1", *_keep_args(paths)]
-    check = [sys.executable, "-c", "import sys, gpulab.course.jail; print(sys.base_prefix)"]
+    init = [sys.executable, "-m", "gpulab.confine.nsinit", "--tmp-mb", "1", "--shm-mb", "1", *_keep_args(paths)]
+    check = [sys.executable, "-c", "import sys, gpulab.confine.jail; print(sys.base_prefix)"]
     proc = _run(["unshare", *_unshare_flags(root), "--", *init, "--", *check])
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or ["no message"])[-1]
@@ -271,7 +271,7 @@ class Submission:
         if not self.plan.namespaces:
             return command
         paths = kernel_paths()
-        init = [sys.executable, "-m", "gpulab.course.nsinit", "--tmp-mb", str(self.tmp_mb), "--shm-mb", str(self.shm_mb),
+        init = [sys.executable, "-m", "gpulab.confine.nsinit", "--tmp-mb", str(self.tmp_mb), "--shm-mb", str(self.shm_mb),
                 *_keep_args(paths)]
         for procs in self.group.procs_files("grader") if self.group else []:
             init += ["--cgroup-procs", procs]

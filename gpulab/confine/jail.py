@@ -1,7 +1,7 @@
 """Start a student's kernel inside limits: memory and file size (setrlimit), Landlock file rules
 and signal scope, and a Python audit hook that names what was tried.
 
-:class:`gpulab.course.kernel.JailedKernelManager` puts ``python -m gpulab.course.jail ... --`` in
+:class:`gpulab.course.kernel.JailedKernelManager` puts ``python -m gpulab.confine.jail ... --`` in
 front of the kernel command; the jail then *is* the kernel (same pid), so jupyter_client's
 interrupts and kills reach it. Before any student code runs:
 
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from gpulab.course import signal_targets
+from gpulab.confine import signal_targets
 
 # include/uapi/linux/landlock.h; the syscall numbers are the same on every architecture.
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
@@ -335,7 +335,7 @@ def file_guard(writable: Sequence[str] | None, log: Callable[[dict], None],
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpulab.course.jail", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m gpulab.confine.jail", description=__doc__.splitlines()[0])
     p.add_argument("--memory-mb", type=int, default=0)
     p.add_argument("--memory-rlimit", choices=("data", "as"), default="data")
     p.add_argument("--fsize-mb", type=int, default=0)

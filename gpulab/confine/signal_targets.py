@@ -1,7 +1,7 @@
 """Which processes a ``kill(2)`` from a student's kernel would reach, and whether any of them lies
 outside the kernel's own tree (read from ``/proc``; Linux only, empty elsewhere).
 
-The jail's audit hook (:func:`gpulab.course.jail.file_guard`) notes a signal to a process outside
+The jail's audit hook (:func:`gpulab.confine.jail.file_guard`) notes a signal to a process outside
 the kernel: the grader, nbgrader, a classmate. Honest code signals its own processes, often after
 they are gone: ``subprocess.Popen(..., start_new_session=True)``, ``proc.wait()``, then
 ``os.killpg(proc.pid, SIGKILL)`` to sweep whatever the job left in its group. The leader is reaped by
