@@ -43,8 +43,24 @@ PYTEST_ARGS ?=
 # measures against the reference run's, 0.5x to 1.25x (gpulab.course.judge.load_factor). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# LANG=ko: the Korean edition (make lab LANG=ko, make release LANG=ko), built from the catalogues in
+# notebooks/i18n/ko/ into build/i18n/ko (a course root of its own) with its own work folder. LANG=ko is
+# a language, not a locale: the recipes run under C.UTF-8 instead, with GPULAB_LANG=ko for the kernels
+# (the graders' messages in Korean where the catalogues have them: gpulab.i18n.messages).
+KIT_LANGS := ko
+ifneq ($(filter $(LANG),$(KIT_LANGS)),)
+KIT_LANG := $(LANG)
+override LANG := C.UTF-8
+export LANG
+export GPULAB_LANG := $(KIT_LANG)
+COURSE  := $(CURDIR)/build/i18n/$(KIT_LANG)
+WORK    := $(CURDIR)/work-$(KIT_LANG)
+endif
+I18N    = "$(PY)" -m gpulab.i18n
+# the translated course root is brought up to date before anything reads it
+TRANSLATE = $(if $(KIT_LANG),$(I18N) build --lang $(KIT_LANG) --out "$(COURSE)",:)
 
-.PHONY: help setup lock setup-browser lab test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean hub-setup hub hub-release hub-collect hub-feedback test-hub
+.PHONY: help setup lock setup-browser lab i18n-update i18n-check test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean hub-setup hub hub-release hub-collect hub-feedback test-hub
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -92,11 +108,20 @@ lock: | $(PY)  ## re-resolve requirements.lock from pyproject.toml + constraints
 		--custom-compile-command "make lock" --quiet -o requirements.lock
 	@echo "requirements.lock: $$(grep -c '^[a-z0-9]' requirements.lock) pinned packages"
 
-lab: setup  ## release changed labs, copy new ones into work/, start JupyterLab (PORT=, INSTRUCTOR=1)
+lab: setup  ## release changed labs, copy new ones into work/, start JupyterLab (PORT=, INSTRUCTOR=1, LANG=ko)
+	$(TRANSLATE)
 	"$(PY)" -m gpulab.course.lab --course "$(COURSE)" --work "$(WORK)" --port $(PORT) $(if $(INSTRUCTOR),--instructor)
 
-test: setup  ## run the whole test suite on two workers (TEST_WORKERS=0: one process)
+test: setup  ## the translations' check, then the whole test suite on two workers (TEST_WORKERS=0: one process)
+	$(MAKE) --no-print-directory i18n-check
 	"$(PY)" -m pytest $(XDIST) $(PYTEST_ARGS)
+
+i18n-update: setup  ## merge the English source into a language's catalogues (LANG=ko; LAB= one lab, NEW=1 starts missing ones)
+	@[ -n "$(KIT_LANG)" ] || { echo "which language? make i18n-update LANG=ko" >&2; exit 2; }
+	$(I18N) update --lang $(KIT_LANG) $(if $(LAB),--lab $(LAB)) $(if $(filter 1,$(NEW)),--new)
+
+i18n-check: setup  ## fail on a missing, stale (fuzzy) or orphaned translation, or one that lost code, numbers or glossary terms
+	@for lang in $(or $(KIT_LANG),$(KIT_LANGS)); do $(I18N) check --lang $$lang || exit 1; done
 
 test-fast: setup  ## the unit tests only (no notebook pipeline)
 	"$(PY)" -m pytest -m "not notebook" $(XDIST) $(PYTEST_ARGS)
@@ -167,7 +192,8 @@ test-hub: hub-setup  ## the class on one server, end to end in a real browser (r
 	@"$(PY)" -c "import playwright.sync_api" 2>/dev/null || { echo "Playwright is missing from $(VENV): run make setup" >&2; exit 1; }
 	CHROMIUM="$(CHROMIUM)" "$(PY)" -m pytest tests/browser/browser_hub.py -v -p no:cacheprovider $(PYTEST_ARGS)
 
-release: setup  ## nbgrader generate_assignment for every lab (notebooks/release)
+release: setup  ## nbgrader generate_assignment for every lab (notebooks/release; LANG=ko: build/i18n/ko/release)
+	$(TRANSLATE)
 	"$(PY)" -m gpulab.course release --course "$(COURSE)" $(if $(LAB),--lab $(LAB))
 
 check: setup  ## validate your notebooks in work/

@@ -84,6 +84,7 @@ class SandboxedExecute(Execute):
         self._expected: Expected | None = None
         self._recorded: dict[str, dict[str, Any]] = {}  # reference mode: grade_id -> cell
         self._notebook = ""
+        self._lang: str | None = None
 
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> tuple[NotebookNode, Any]:
         self._stopped = None
@@ -93,6 +94,8 @@ class SandboxedExecute(Execute):
             (resources or {}).get("metadata", {}).get("name", "")
         if self.mode == "graded" and self.expected:
             self._expected = Expected.load(self.expected)
+        lang = nb.metadata.get("gpulab", {}).get("lang") if self.mode == "graded" else None
+        self._lang = lang if isinstance(lang, str) else None  # the edition the student worked in (gpulab.i18n)
         try:
             return super().preprocess(nb, resources, km)
         finally:
@@ -258,7 +261,7 @@ class SandboxedExecute(Execute):
                 if isinstance(rec, dict) and rec.get("kind") == "timed" and entry.get("kind") == "timed" \
                         and self._stopped is None:
                     runs[n] = self._timed_runs(rec.get("id"), entry["seeds"])
-            result = judge_cell(reference, records, runs, error)
+            result = judge_cell(reference, records, runs, error, self._lang)
         self._write(cell, result.passed, result.message, result.figures, result.note)
 
     def _write(self, cell: NotebookNode, passed: bool, message: str, figures: list[str], note: str = "") -> None:

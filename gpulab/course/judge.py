@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.grading import judge
+from gpulab.i18n import messages
 
 VERSION = 1
 ROLES = ("baseline", "candidate")
@@ -228,7 +229,8 @@ def _is_entry(record: Any, kind: str) -> bool:
     return isinstance(record, dict) and record.get("kind") == kind
 
 
-def judge_cell(reference: dict[str, Any], records: list[Any], runs: dict[int, Runs], kernel_error: str) -> CellResult:
+def judge_cell(reference: dict[str, Any], records: list[Any], runs: dict[int, Runs], kernel_error: str,
+               lang: str | None = None) -> CellResult:
     """Judge one test cell.
 
     Args:
@@ -238,13 +240,14 @@ def judge_cell(reference: dict[str, Any], records: list[Any], runs: dict[int, Ru
         runs: for the n-th record that announced a timed check, what the grader measured.
         kernel_error: the error the kernel reported for the cell ('' if none).
     """
-    result = _judge(reference["entries"], records, runs, kernel_error)
+    result = _judge(reference["entries"], records, runs, kernel_error, lang)
     if "MaskedReference" in kernel_error:
         result.note = "called gpulab's reference, which is masked while grading (" + kernel_error[:200] + ")"
     return result
 
 
-def _judge(entries: list[dict[str, Any]], records: list[Any], runs: dict[int, Runs], kernel_error: str) -> CellResult:
+def _judge(entries: list[dict[str, Any]], records: list[Any], runs: dict[int, Runs], kernel_error: str,
+           lang: str | None = None) -> CellResult:
     figures: list[str] = []
     capped = ""
     if len(records) > len(entries):  # a value for every check and no more: forged or doubled evidence fails first
@@ -252,7 +255,7 @@ def _judge(entries: list[dict[str, Any]], records: list[Any], runs: dict[int, Ru
                "(a check called from your own code, or evidence sent by hand)")
         return CellResult(False, why, figures, note=why)
     for n, entry in enumerate(entries):
-        spec = entry.get("spec", {})
+        spec = messages.localize(entry.get("spec", {}), lang)  # the student's language, if translated
         what = spec.get("what") or f"check {n + 1}"
         if n >= len(records):
             stop = f": {kernel_error}" if kernel_error else ""

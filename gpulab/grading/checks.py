@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from gpulab.grading import evidence, judge
 from gpulab.grading.evidence import GRADED, REFERENCE, by_reference, encode
+from gpulab.i18n import messages
 
 __all__ = ["GradingError", "check", "check_equal", "check_close", "check_shape", "check_between", "check_ratio",
            "check_raises", "catch", "by_reference"]
@@ -49,7 +50,7 @@ def _check(spec: dict[str, Any], actual: Callable[[], Any], expected: Any = None
     if m == REFERENCE:  # the reference kernel does not stop: the grader judges the solution as well
         evidence.emit({"kind": "check", "spec": spec, "value": value, "expected": want})
         return
-    why = judge.verdict(spec, judge.decode(value), judge.decode(want))
+    why = judge.verdict(messages.localize(spec, messages.student_lang()), judge.decode(value), judge.decode(want))
     if why:
         raise GradingError(why)
 

@@ -1,0 +1,75 @@
+"""gpulab.i18n.messages: a check's what= and hint= come out in the student's language, from the
+lab's checks catalogue; what was measured stays as it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpulab.grading import GradingError, check_equal, judge
+from gpulab.i18n import catalog, messages
+
+CELL = '''from gpulab import grading
+grading.check_equal(f(2), 4, what="f(2), the square", hint="multiply, do not add")
+grading.check(f(3) == 9, "f(3)", "look at the sign")
+grading.check_close(f(1.5), 2.25, what=f"f({1.5})", hint="multiply, do not add")
+%timeit f(2)
+'''
+
+
+@pytest.fixture
+def korean(tmp_path, monkeypatch):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CELL, id="t")])
+    path = tmp_path / "lab.ipynb"
+    nbformat.write(nb, str(path))
+    po = tmp_path / "ko" / f"lab{messages.SUFFIX}.po"
+    catalog.update(path, po, "ko", items=messages.cells)
+    cat = catalog.read(po, "ko")
+    ko = {"f(2), the square": "f(2), 제곱", "multiply, do not add": "더하지 말고 곱하세요", "f(3)": "f(3)"}
+    for m in catalog.entries(cat).values():
+        m.string = ko.get(m.id, "")
+    catalog.write(po, cat)
+    monkeypatch.setattr(messages, "CATALOGUES", tmp_path)
+    messages.table.cache_clear()
+    yield path
+    messages.table.cache_clear()
+
+
+def test_extraction_takes_plain_strings_once_and_leaves_f_strings(korean):
+    assert [(c.id, c.text) for c in messages.cells(korean)] == [
+        ("t:0", "f(2), the square"), ("t:1", "multiply, do not add"), ("t:2", "f(3)"), ("t:3", "look at the sign")]
+
+
+def test_the_graders_message_is_translated_and_the_measurement_is_not(korean):
+    spec = {"kind": "equal", "what": "f(2), the square", "hint": "multiply, do not add"}
+    english = judge.verdict(spec, 5, 4)
+    korean_msg = judge.verdict(messages.localize(spec, "ko"), 5, 4)
+    assert english == "f(2), the square: expected 4, got 5\n  Hint: multiply, do not add"
+    assert korean_msg == "f(2), 제곱: expected 4, got 5\n  힌트: 더하지 말고 곱하세요"
+    assert messages.localize({"kind": "true", "what": "f(3)", "hint": "look at the sign"}, "ko")["hint"] == \
+        "look at the sign", "an untranslated text stays English"
+    assert messages.localize(spec, None) is spec and messages.localize(spec, "xx") is spec
+
+
+def test_the_students_kernel_uses_gpulab_lang(korean, monkeypatch):
+    monkeypatch.setenv("GPULAB_LANG", "ko")
+    with pytest.raises(GradingError, match="힌트: 더하지 말고 곱하세요"):
+        check_equal(5, 4, what="f(2), the square", hint="multiply, do not add")
+    monkeypatch.delenv("GPULAB_LANG")
+    with pytest.raises(GradingError, match="Hint: multiply, do not add"):
+        check_equal(5, 4, what="f(2), the square", hint="multiply, do not add")
+
+
+def test_a_fuzzy_or_broken_catalogue_leaves_english(korean, tmp_path):
+    po = tmp_path / "ko" / f"lab{messages.SUFFIX}.po"
+    cat = catalog.read(po, "ko")
+    for m in catalog.entries(cat).values():
+        m.flags.add(catalog.FUZZY)
+    catalog.write(po, cat)
+    messages.table.cache_clear()
+    assert messages.table("ko") == {}
+    Path(po).write_text("not gettext at all\n", encoding="utf-8")
+    messages.table.cache_clear()
+    assert messages.table("ko") == {}
