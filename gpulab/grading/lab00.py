@@ -13,7 +13,7 @@ from gpulab.devices.batches import tree_map
 from gpulab.devices.doctor import compatibility_notes, diagnose
 from gpulab.devices.machine import MachineSpec, choose_backend, place_ranks
 
-__all__ = ["REFERENCES", "random_batch", "random_machines", "doctor_says", "FINDINGS"]
+__all__ = ["REFERENCES", "random_batch", "random_machines", "placement_facts", "doctor_says", "FINDINGS"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
 # (gpulab.course.mask): the batch walker behind to_device, the backend and placement rules, and the
@@ -80,6 +80,35 @@ def random_machines(rng: random.Random, n: int) -> list[tuple[MachineSpec, Any]]
     cases += [(spec(4, True, False), 2), (spec(4, True, True), 4), (spec(2, True, True), 3), (spec(2, False, False), 2),
               (spec(8, True, True, num_nodes=2), 16), (spec(2, True, True, num_nodes=2), 6)]
     return cases
+
+
+def placement_facts(machine: MachineSpec, world_size: int, devices: Any) -> dict[str, Any]:
+    """What Exercise 3's rules say of ``devices``, a placement of ``world_size`` ranks on ``machine``.
+
+    Every placement that keeps the rules has the reference's facts, whichever way a node shares too
+    few GPUs among its ranks (round-robin, or in blocks).
+
+    Returns:
+        The ranks placed; whether every device is one its rank's node can use (``"cuda:i"`` below the
+        usable GPUs, ``"cpu"`` only where there is none); whether every node is laid out like the first
+        (a device follows the local rank); whether local rank r is on ``cuda:r`` where each rank can
+        have a GPU ("n/a" elsewhere); and the most and the fewest ranks on one device of a node. A
+        value that is not a list of strings is sent as its repr.
+    """
+    if not isinstance(devices, list) or not all(isinstance(d, str) for d in devices):
+        return {"returned": repr(devices)[:120]}
+    gpus, nodes = machine.usable_gpus, machine.num_nodes
+    per_node = world_size // nodes
+    usable = [f"cuda:{i}" for i in range(gpus)] or ["cpu"]
+    node = devices[:per_node]
+    counts = [node.count(d) for d in usable]
+    return {
+        "ranks placed": len(devices),
+        "every device one its node can use": all(d in usable for d in devices),
+        "every node laid out alike": all(devices[k * per_node:(k + 1) * per_node] == node for k in range(nodes)),
+        "local rank r on cuda:r, the GPUs sufficing": node == usable[:per_node] if 0 < per_node <= gpus else "n/a",
+        "most and fewest ranks on one device of a node": [max(counts), min(counts)],
+    }
 
 
 def doctor_says(facts: Any) -> str:

@@ -71,7 +71,8 @@ from gpulab.parallel.launcher.startup import rank_device
 from gpulab.parallel.measure.ring_cost import best_bucket_size, fit_alpha_beta, predict_sync_seconds
 from gpulab.parallel.workloads.ddp_examples import BranchyNet, example_data, sgd_steps
 
-__all__ = ["REFERENCES", "sampler_cases", "sampler_shards", "loader_cases", "loader_facts", "expected_loader_facts",
+__all__ = ["REFERENCES", "sampler_cases", "sampler_shards", "loader_cases", "loader_facts", "torch_rank_loader",
+           "expected_loader_facts",
            "PER_PARAMETER_CASES", "BUCKETED_CASES", "run_ddp_class", "single_process_run", "class_tolerance",
            "OVERLAP_CFG", "OVERLAP_BUCKET_MB", "overlap_case", "trace_overlap", "overlap_plan", "SPEED_CFG",
            "bucketing_run", "run_amp_steps", "amp_reference", "Gated", "gated_models", "run_ddp_wrapping",
@@ -155,15 +156,23 @@ def loader_facts(make_rank_loader: Callable[..., Any], cases: dict[str, dict[str
             for name, c in cases.items()}
 
 
+def torch_rank_loader(dataset: Any, rank: int, world_size: int, global_batch_size: int = 8, total_workers: int = 2,
+                      seed: int = 0) -> torch.utils.data.DataLoader:
+    """The loader exercise 2 describes, built on torch's DistributedSampler: the notebook's demo uses it
+    until ``make_rank_loader`` is answered. Not masked: torch's sampler cannot be masked either, and an
+    answer that returned it would fail the check that the loader's sampler is the student's."""
+    if global_batch_size % world_size:
+        raise ValueError(f"global_batch_size={global_batch_size} is not divisible by world_size={world_size}")
+    sampler = torch.utils.data.DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed)
+    return torch.utils.data.DataLoader(dataset, batch_size=global_batch_size // world_size, sampler=sampler,
+                                       num_workers=total_workers // world_size)
+
+
 def expected_loader_facts(cases: dict[str, dict[str, int]]) -> dict[str, dict[str, Any]]:
-    """:func:`loader_facts` of the loader the exercise describes, built on torch's DistributedSampler."""
-    out = {}
-    for name, c in cases.items():
-        data, ws = torch.arange(c["num_samples"]), c["world_size"]
-        sampler = torch.utils.data.DistributedSampler(data, ws, c["rank"], shuffle=True, seed=c["seed"])
-        out[name] = _facts(torch.utils.data.DataLoader(data, batch_size=c["global_batch_size"] // ws, sampler=sampler,
-                                                       num_workers=c["total_workers"] // ws))
-    return out
+    """:func:`loader_facts` of the loader the exercise describes (:func:`torch_rank_loader`)."""
+    return {name: _facts(torch_rank_loader(torch.arange(c["num_samples"]), c["rank"], c["world_size"],
+                                           c["global_batch_size"], c["total_workers"], c["seed"]))
+            for name, c in cases.items()}
 
 
 # --- exercise 6: a mixed-precision step under torch DDP -----------------------------------------------

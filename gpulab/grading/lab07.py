@@ -120,9 +120,9 @@ def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0
         thread.start()
         thread.join(timeout_s)
     if thread.is_alive():
-        raise StepTimeout(f"{what} did not return within {timeout_s:.0f} s. Hint: a stage thread may wait for a "
-                          "micro-batch that never comes; when a stage fails, pass the exception on (through the "
-                          "queue) so that the next stage and the caller stop too, and join every thread")
+        raise StepTimeout(f"{what} did not return within {timeout_s:.0f} s: a thread may be waiting for something "
+                          "that never comes. When a stage fails, the other threads and the caller must stop too, and "
+                          "the caller raises the stage's exception (see the exercise's Hint 1)")
     if "error" in box:
         raise box["error"]
     return box["value"]

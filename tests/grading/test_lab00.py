@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from gpulab.devices.machine import choose_backend, place_ranks
+from gpulab.devices.machine import MachineSpec, choose_backend, place_ranks
 from gpulab.grading import lab00
 
 
@@ -34,3 +34,44 @@ def test_every_drawn_world_size_splits_over_its_nodes() -> None:
     for m, ws in lab00.random_machines(random.Random(0), 200):
         assert ws % m.num_nodes == 0
         assert len(place_ranks(m, ws)) == ws
+
+
+def blocked_placement(m, ws):  # keeps the rules another way: a node's surplus ranks in blocks, not round-robin
+    per, gpus = ws // m.num_nodes, m.usable_gpus
+    if gpus == 0:
+        return ["cpu"] * ws
+    local = [f"cuda:{r}" for r in range(per)] if per <= gpus else [f"cuda:{r * gpus // per}" for r in range(per)]
+    return local * m.num_nodes
+
+
+def first_gpu_only(m, ws):  # every rank on cuda:0: the nodes alike, but the GPUs not shared evenly
+    return ["cpu"] * ws if m.usable_gpus == 0 else ["cuda:0"] * ws
+
+
+def reversed_order(m, ws):  # local rank r on the r-th GPU from the end: breaks torchrun's convention
+    per, gpus = ws // m.num_nodes, m.usable_gpus
+    return ["cpu"] * ws if gpus == 0 else [f"cuda:{gpus - 1 - (r % per) % gpus}" for r in range(ws)]
+
+
+def num_gpus_placement(m, ws):  # counts the hardware's GPUs, not the usable ones (a CPU build has none)
+    per = ws // m.num_nodes
+    return ["cpu"] * ws if m.num_gpus == 0 else [f"cuda:{(r % per) % m.num_gpus}" for r in range(ws)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_placement_facts_accept_any_placement_that_keeps_the_rules(seed) -> None:
+    for m, ws in lab00.random_machines(random.Random(seed), 24):
+        assert lab00.placement_facts(m, ws, blocked_placement(m, ws)) == lab00.placement_facts(m, ws, place_ranks(m, ws))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_placement_facts_refuse_placements_that_break_a_rule(seed) -> None:
+    cases = lab00.random_machines(random.Random(seed), 24)
+    for wrong in (global_placement, first_gpu_only, reversed_order, num_gpus_placement):
+        assert any(lab00.placement_facts(m, ws, wrong(m, ws)) != lab00.placement_facts(m, ws, place_ranks(m, ws))
+                   for m, ws in cases), (wrong.__name__, seed)
+
+
+def test_placement_facts_name_what_is_not_a_placement() -> None:
+    assert lab00.placement_facts(MachineSpec(), 2, None) == {"returned": "None"}
+    assert lab00.placement_facts(MachineSpec(2, True, True), 2, ("cuda:0", "cuda:1")) == {"returned": "('cuda:0', 'cuda:1')"}

@@ -78,6 +78,14 @@ def test_loader_facts_match_the_loader_the_exercise_describes():
     assert lab06.loader_facts(no_shuffle, cases) != lab06.expected_loader_facts(cases)
 
 
+def test_torch_rank_loader_is_the_demo_fallback_and_not_an_answer():
+    loader = lab06.torch_rank_loader(torch.arange(40), 1, 4, global_batch_size=8, total_workers=6, seed=3)
+    assert (loader.batch_size, loader.num_workers, len(loader)) == (2, 1, 5)
+    assert type(loader.sampler) is torch.utils.data.DistributedSampler   # not the student's: the visible check fails it
+    with pytest.raises(ValueError, match="not divisible"):
+        lab06.torch_rank_loader(torch.arange(40), 0, 4, global_batch_size=10)
+
+
 def _fp32_step(model, inputs, targets, loss_fn, optimizer, scaler, device):
     optimizer.zero_grad()
     loss = loss_fn(model(inputs), targets)
