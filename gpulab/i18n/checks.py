@@ -93,7 +93,7 @@ def term_misses(english: str, translated: str, terms: dict[str, str]) -> list[st
     _, prose = _protected(english)
     misses = []
     for term, ko in terms.items():
-        if re.search(rf"(?<![\w-]){_loose(term)}(?:s|es)?(?![\w-])", prose, re.I) and ko.lower() not in translated.lower():
+        if re.search(rf"(?<![\w.-]){_loose(term)}(?:s|es)?(?![\w(-])", prose, re.I) and ko.lower() not in translated.lower():
             misses.append(f"{term!r} must be translated as {ko!r} (docs/i18n glossary)")
     return misses
 

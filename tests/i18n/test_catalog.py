@@ -94,6 +94,15 @@ def test_what_must_stay_as_it_is(tmp_path, english, korean, lost):
     assert any(lost in p.detail for p in found), found
 
 
+def test_a_terms_spelling_variants_count_and_a_call_of_the_same_name_does_not():
+    terms = {"mixed precision": "혼합 정밀도", "bubble": "버블"}
+    assert checks.term_misses("Train in mixed-precision.", "그냥 학습합니다.", terms) == \
+        ["'mixed precision' must be translated as '혼합 정밀도' (docs/i18n glossary)"]
+    assert checks.term_misses("Two bubbles.", "버블 두 개.", terms) == []
+    assert checks.term_misses("bubble(2, 1): the naive split", "단순 분할", terms) == []  # a function's name
+    assert checks.term_misses("Successive halving", "successive halving", {"successive halving": "Successive Halving"}) == []
+
+
 def test_numbers_glued_to_korean_and_terms_inside_code_pass(tmp_path):
     nb = _nb(tmp_path / "lab.ipynb", "A 3x speed-up on 2 cores; `gradient` is a name here.")
     po = tmp_path / "lab.po"
