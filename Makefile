@@ -134,11 +134,16 @@ lint: setup  ## ruff over the package, tests, benchmarks and tools (config in py
 # first); make test-browser installs nothing and names what is missing.
 CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || echo /usr/bin/chromium)
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
-setup-browser: setup  ## install Chromium for make test-browser (Debian/Ubuntu: apt, as root or with sudo)
+setup-browser: setup  ## install Chromium and a Korean font for make test-browser (Debian/Ubuntu: apt, as root or with sudo)
 	@if [ -x "$(CHROMIUM)" ]; then echo "chromium: $(CHROMIUM) ($$("$(CHROMIUM)" --version 2>/dev/null))"; \
 	elif command -v apt-get >/dev/null; then echo "installing chromium (apt)"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; \
 	else echo "no apt-get here: install Chromium with your system's package manager, then make test-browser CHROMIUM=/path/to/chromium" >&2; exit 1; fi
+	@# the Korean edition's page needs a Korean font, or Chromium draws boxes (the browser test checks for one)
+	@if [ -n "$$(fc-list :lang=ko 2>/dev/null)" ]; then echo "a Korean font: $$(fc-list :lang=ko family | head -1)"; \
+	elif command -v apt-get >/dev/null; then echo "installing a Korean font (fonts-nanum, apt)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq fonts-nanum >/dev/null; \
+	else echo "no Korean font and no apt-get: install one (Nanum or Noto Sans CJK) for the Korean edition" >&2; exit 1; fi
 
 test-browser: setup  ## JupyterLab as `make lab` starts it, driven in headless Chromium; screenshots in test-artifacts/browser/
 	@[ -x "$(CHROMIUM)" ] || { echo "no Chromium at $(CHROMIUM): run make setup-browser (or give CHROMIUM=/path/to/chromium)" >&2; exit 1; }

@@ -19,7 +19,9 @@ settings) on a scratch copy of the course and a free port, then checks, as a stu
    student's JupyterLab. Every lab's answers pass under the same limits in ``make test``'s pipeline
    (``tests/test_notebooks.py``), whose cell timeout is the one Validate uses;
 4. lab 01's live monitor widget renders and updates while its cell runs;
-5. none of nbgrader's instructor panels is visible, and the server never touched the exchange.
+5. none of nbgrader's instructor panels is visible, and the server never touched the exchange;
+6. the Korean edition (``make lab LANG=ko``): lab 00 has no English markdown left, runs all to its
+   first exercise, and Validate passes the answers.
 
 Every step saves a screenshot in ``test-artifacts/browser/`` (ignored by git; CI keeps it). Every
 wait is on a condition (a selector, a file's content, a server answer), never a fixed sleep.
@@ -31,6 +33,7 @@ Chromium: Playwright cannot download its own browser everywhere, so this uses th
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -71,14 +74,23 @@ pytestmark = pytest.mark.browser
 class Lab:
     """The JupyterLab that ``make lab`` starts, on a scratch course and work folder."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, lang: str | None = None, labs: tuple[str, ...] = ()) -> None:
         self.course, self.work, self.log = root / "course", root / "work", root / "jupyter.log"
-        shutil.copytree(REPO / "notebooks" / "source", self.course / "source")
-        shutil.copy(REPO / "notebooks" / "nbgrader_config.py", self.course)
+        env = dict(os.environ)
+        if lang:  # as make lab LANG=ko: the translated course root, and the graders' messages in it
+            subprocess.run([sys.executable, "-m", "gpulab.i18n", "build", "--lang", lang, "--out", str(self.course)],
+                           check=True, capture_output=True, cwd=REPO)
+            env["GPULAB_LANG"] = lang
+        else:
+            shutil.copytree(REPO / "notebooks" / "source", self.course / "source")
+            shutil.copy(REPO / "notebooks" / "nbgrader_config.py", self.course)
+        for folder in (self.course / "source").iterdir():  # only these labs, when named: a quicker start
+            if labs and folder.is_dir() and folder.name not in labs:
+                shutil.rmtree(folder)
         port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpulab.course.lab", "--course", str(self.course), "--work", str(self.work),
-             "--port", str(port)], stdout=self.log.open("w"), stderr=subprocess.STDOUT, cwd=root)
+             "--port", str(port)], stdout=self.log.open("w"), stderr=subprocess.STDOUT, cwd=root, env=env)
         # the launcher prints the URL it chose, then becomes JupyterLab; wait for both
         self.url = wait(self._url, 600, "the launcher's URL (it releases every lab first)", every=0.5)
         self.base, self.token = self.url.split("/lab?token=")
@@ -120,6 +132,16 @@ def lab(tmp_path_factory):
     yield server
     server.stop()
     shutil.copy(server.log, ARTIFACTS / "jupyter.log")
+
+
+@pytest.fixture(scope="module")
+def korean_lab(tmp_path_factory):
+    """make lab LANG=ko, with lab 00 only."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    server = Lab(tmp_path_factory.mktemp("lab-ko"), lang="ko", labs=("00_setup",))
+    yield server
+    server.stop()
+    shutil.copy(server.log, ARTIFACTS / "jupyter-ko.log")
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +326,11 @@ CHECKED = ("12_launch_bound",)
 
 @pytest.mark.parametrize("lab_id", list(VALIDATED_IN_BROWSER))
 def test_validate_passes_every_test_with_the_answers(lab: Lab, page, lab_id: str) -> None:
+    _validate_with_the_answers(lab, page, lab_id)
+
+
+def _validate_with_the_answers(lab: Lab, page, lab_id: str, shot: str = "") -> str:
+    """Type the reference answers, press Validate, and check that only the written answers are reported."""
     nb_path = lab.work / lab_id / f"{lab_id}.ipynb"
     _open_notebook(page, lab, f"{lab_id}/{lab_id}.ipynb")
     validate = _panel(page).locator(".jp-Toolbar").get_by_text("Validate", exact=True)
@@ -314,7 +341,7 @@ def test_validate_passes_every_test_with_the_answers(lab: Lab, page, lab_id: str
         got = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source for c in nb.cells}
         return all(got.get(k) == v for k, v in answers.items())
     _save_and_read(page, nb_path, must=typed)  # what Validate will run is what was typed
-    _shot(page, f"3a-{lab_id}-answers-typed")
+    _shot(page, f"3a-{lab_id}{shot}-answers-typed")
     t0 = time.monotonic()
     validate.click()
     dialog = page.locator(".jp-Dialog")
@@ -323,10 +350,36 @@ def test_validate_passes_every_test_with_the_answers(lab: Lab, page, lab_id: str
     wait(lambda: "Success" in dialog.inner_text() or "failed" in dialog.inner_text().lower()
           or "error" in dialog.inner_text().lower(), 30, f"{lab_id}'s validation result in its dialog")
     seconds = time.monotonic() - t0
-    _shot(page, f"3b-{lab_id}-validate")
+    _shot(page, f"3b-{lab_id}{shot}-validate")
     text = dialog.inner_text()
-    print(f"{lab_id}: Validate answered in {seconds:.0f} s (budget {budget} s)")
+    print(f"{lab_id}{shot}: Validate answered in {seconds:.0f} s (budget {budget} s)")
     assert_validate_passed(text, lab_id)
+    return text
+
+
+HANGUL = re.compile("[\uac00-\ud7a3]")
+
+
+def test_lab00_in_korean_runs_all_and_validates(korean_lab: Lab, page) -> None:
+    """make lab LANG=ko (issue 32): every markdown cell of lab 00 is Korean, Run All stops at the
+    first exercise as in English, and Validate passes the answers."""
+    fonts = subprocess.run(["fc-list", ":lang=ko", "family"], capture_output=True, text=True, check=False).stdout
+    assert fonts.strip(), "no Korean font: Chromium would draw boxes (make setup-browser installs fonts-nanum)"
+    lab_id = "00_setup"
+    nb_path = korean_lab.work / lab_id / f"{lab_id}.ipynb"
+    release = nbformat.read(str(nb_path), as_version=4)
+    english = [c for c in release.cells if c.cell_type == "markdown" and c.source.strip()
+               and not HANGUL.search(c.source) and c.source.strip() != "YOUR ANSWER HERE"]
+    assert not english, f"English markdown left in the Korean lab 00: {[c.source[:80] for c in english]}"
+    _open_notebook(page, korean_lab, f"{lab_id}/{lab_id}.ipynb")
+    first = _panel(page).locator(".jp-MarkdownCell .jp-RenderedMarkdown").first
+    assert HANGUL.search(first.inner_text()), f"the first cell shows: {first.inner_text()[:200]}"
+    _menu(page, "Run", "Run All Cells")
+    _panel(page).locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                         has_text="NotImplementedError").first.wait_for(state="attached", timeout=240_000)
+    wait(lambda: _running_prompts(page) == 0, 120, "the queued cells to be cleared after the error")
+    _shot(page, "6a-lab00-ko-run-all")
+    _validate_with_the_answers(korean_lab, page, lab_id, shot="-ko")
 
 
 def test_make_check_passes_the_answers(lab: Lab) -> None:
