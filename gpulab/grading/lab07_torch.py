@@ -23,7 +23,7 @@ from gpulab.grading.lab07 import named_gradients, run_with_timeout
 from gpulab.parallel import launch
 from gpulab.parallel.pipeline.split import split_model
 
-__all__ = ["run_torch_pipeline", "one_process_step", "own_gpipe_step", "loss_and_gradients", "difference", "zeros_like"]
+__all__ = ["run_torch_pipeline", "schedule_order", "one_process_step", "own_gpipe_step", "loss_and_gradients", "difference", "zeros_like"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -34,20 +34,32 @@ def _named(model: nn.Module, grads: Sequence[Any]) -> dict[str, Any]:
 
 
 class _RowCounting:
-    """``loss_fn``, noting how many rows each call gets (a rank's schedule calls it per micro-batch)."""
+    """``loss_fn``, noting how many rows each call gets (a rank's schedule calls it per micro-batch),
+    and the order of the last stage's passes: ``F`` when a micro-batch's loss is computed (its
+    forward is done), ``B`` when the backward reaches that loss."""
 
     def __init__(self, loss_fn: LossFn) -> None:
-        self.loss_fn, self.rows = loss_fn, set()
+        self.loss_fn, self.rows, self.order = loss_fn, set(), []
 
     def __call__(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         self.rows.add(int(target.size(0)))
-        return self.loss_fn(out, target)
+        self.order.append("F")
+        loss = self.loss_fn(out, target)
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            loss.register_hook(lambda grad: self.order.append("B"))
+        return loss
 
 
-def _rank(rank: int, world_size: int, step_fn: Callable[..., Any], *args: Any) -> tuple[Any, list[int]]:
+def _rank(rank: int, world_size: int, step_fn: Callable[..., Any], *args: Any) -> tuple[Any, list[int], str]:
     *args, loss_fn, schedule = args
     counting = _RowCounting(loss_fn)
-    return step_fn(rank, world_size, *args, counting, schedule), sorted(counting.rows)
+    return step_fn(rank, world_size, *args, counting, schedule), sorted(counting.rows), "".join(counting.order)
+
+
+def schedule_order(schedule: str, micro_batches: int) -> str:
+    """The last stage's passes under torch's schedule: GPipe runs every forward, then every backward;
+    1F1B runs each micro-batch's backward as soon as its forward is done (the last stage has no warm-up)."""
+    return "F" * micro_batches + "B" * micro_batches if schedule == "gpipe" else "FB" * micro_batches
 
 
 def run_torch_pipeline(step_fn: Callable[..., Any], model: nn.Module, boundary: int, inputs: torch.Tensor,
@@ -58,22 +70,29 @@ def run_torch_pipeline(step_fn: Callable[..., Any], model: nn.Module, boundary: 
     Returns:
         ``{"loss": the last rank's loss, "loss on rank 0": rank 0's (None), "parameters": every
         gradient under the whole model's parameter names, "micro-batch rows": the row counts the
-        loss function saw}`` (one value, ``split_size``, for a pipeline over equal micro-batches).
+        loss function saw (one value, ``split_size``, for a pipeline over equal micro-batches), "last
+        stage's order": its forward and backward passes, one letter per micro-batch, as
+        :func:`schedule_order` says the schedule runs them}``.
     """
     # imported here, once: a forked rank inherits it instead of paying ~2 s for it in every rank of every launch
     importlib.import_module("torch.distributed.pipelining")
     runs = launch(_rank, 2, args=(step_fn, copy.deepcopy(model).layers(), boundary, inputs, targets, split_size,
                                   loss_fn, schedule), backend="gloo", timeout=timeout, echo=False)
-    for rank, (run, _) in enumerate(runs):
+    for rank, (run, _, _) in enumerate(runs):
         if not isinstance(run, dict) or not {"loss", "gradients"} <= set(run) \
                 or not isinstance(run["gradients"], (list, tuple)):
             raise TypeError(f"torch_pipeline_step must return a dict {{'loss': ..., 'gradients': [...]}} on every "
                             f"rank; rank {rank} returned {type(run).__name__}")
-    (first, _), (last, rows) = runs
+    (first, _, _), (last, rows, order) = runs
+    # the step's own passes: torch's first step may run one extra forward and backward of its own first
+    # (seen with torch 2.13: "FB" before a 4-micro-batch GPipe's "FFFFBBBB")
+    steps = 2 * (inputs.size(0) // split_size) if isinstance(split_size, int) and split_size > 0 else len(order)
+    order = order[-steps:] if steps else order
     loss = last["loss"]
     return {"loss": float(loss) if isinstance(loss, (int, float, torch.Tensor)) else loss,
             "loss on rank 0": first["loss"],
-            "parameters": _named(model, [*first["gradients"], *last["gradients"]]), "micro-batch rows": rows}
+            "parameters": _named(model, [*first["gradients"], *last["gradients"]]), "micro-batch rows": rows,
+            "last stage's order": order}
 
 
 def one_process_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, split_size: int,

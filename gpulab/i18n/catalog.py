@@ -16,7 +16,7 @@ from typing import Callable
 
 import nbformat
 from babel.messages.catalog import Catalog
-from babel.messages.pofile import denormalize, read_po, unescape, write_po
+from babel.messages.pofile import denormalize, normalize, read_po, unescape, write_po
 
 FUZZY = "fuzzy"
 HEADER = ("# gpulab, lab {lab}: its {lang} translation, one entry per markdown cell (msgctxt: the cell's id).\n"
@@ -85,10 +85,19 @@ def _previous_ids(text: str) -> dict[str, str]:
 
 def write(path: Path, catalog: Catalog) -> None:
     buf = io.BytesIO()
-    write_po(buf, catalog, width=0, omit_header=False, include_previous=True, sort_output=False)
+    # Babel rewraps "#| msgid" comments to 76 columns and loses spaces where it breaks them, so the
+    # old English of a fuzzy entry is written here, one line of the string per comment line, as
+    # gettext's msgmerge writes it
+    write_po(buf, catalog, width=0, omit_header=False, include_previous=False, sort_output=False)
+    text = buf.getvalue().decode("utf-8")
+    for m in catalog:
+        if m.id and m.context and FUZZY in m.flags and m.previous_id:
+            ctx = f'\nmsgctxt {normalize(m.context, width=0)}\n'
+            old = "\n".join(f"#| {line}" for line in f"msgid {normalize(m.previous_id[0], width=0)}".splitlines())
+            text = text.replace(ctx, f"\n{old}{ctx}", 1)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".po.tmp")
-    tmp.write_bytes(buf.getvalue())
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)  # a crash mid-write leaves the old catalogue, never half of one
 
 

@@ -77,6 +77,8 @@ def test_reference_equals_one_process_and_the_thread_gpipe(case, schedule) -> No
     model, x, y = case
     result = lab07_torch.run_torch_pipeline(torch_pipeline_step, model, 5, x, y, 2, CE, schedule)
     assert result["loss on rank 0"] is None and result["micro-batch rows"] == [2]
+    assert result["last stage's order"] == {"gpipe": "FFFFBBBB", "1f1b": "FBFBFBFB"}[schedule]
+    assert result["last stage's order"] == lab07_torch.schedule_order(schedule, 4)
     _check(result, model, x, y, 2)
     # strictly: the one-process whole-batch step (equal micro-batches: the same mean)
     whole = lab07.whole_step(model, x, y, CE)
@@ -107,6 +109,20 @@ def test_one_micro_batch_has_the_gradients_but_fails_the_rows(case) -> None:
     result = lab07_torch.run_torch_pipeline(one_micro_batch, model, 5, x, y, 2, CE)
     with pytest.raises(GradingError, match="rows per micro-batch"):
         _check(result, model, x, y, 2)
+
+
+def always_gpipe(r, w, layers, b, x, y, s, f, schedule):  # right values, but the schedule asked for is ignored
+    return _torch_step(r, w, layers, b, x, y, s, f)
+
+
+def test_the_schedule_asked_for_is_the_one_that_ran(case) -> None:
+    """1F1B and GPipe give the same loss and gradients: only the order of the last stage's passes
+    tells them apart, and a step that always runs GPipe fails when 1F1B is asked for."""
+    model, x, y = case
+    result = lab07_torch.run_torch_pipeline(always_gpipe, model, 5, x, y, 2, CE, "1f1b")
+    _check(result, model, x, y, 2)  # the values alone cannot see it
+    with pytest.raises(GradingError, match="expected 'FBFBFBFB', got 'FFFFBBBB'"):
+        grading.check_equal(result["last stage's order"], lab07_torch.schedule_order("1f1b", 4), what="1f1b: order")
 
 
 def test_a_wrong_thread_gpipe_disagrees_with_the_right_torch_pipeline(case) -> None:

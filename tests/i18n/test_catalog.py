@@ -60,9 +60,24 @@ def test_changed_english_keeps_the_translation_flagged_fuzzy_with_the_old_englis
     catalog.update(nb, po, "ko")
     m = catalog.entries(catalog.read(po, "ko"))["m1"]
     assert m.previous_id[0] == "Sum the gradient over 2 ranks.", "the English the translation was made from stays"
+    assert '#| msgid "Sum the gradient over 2 ranks."' in po.read_text(encoding="utf-8"), "as msgmerge writes it"
     assert _kinds(nb, po) == [("m1", "stale"), ("m1", "kept as is")]  # fuzzy, and 4 is not in the old text
     _translate(po, {"m1": "4개 랭크의 그래디언트를 평균합니다."})
     assert _kinds(nb, po) == []
+
+
+def test_the_old_english_of_a_long_cell_survives_exactly(tmp_path):
+    """Babel rewraps its own "#|" comments and loses spaces: a long multi-line cell must come back whole."""
+    long = ("A line longer than seventy-six characters, with `code`, \"quotes\" and a backslash \\ in it,\n"
+            "then a second line   with  odd  spacing and a tab\there.\n\n- a list item")
+    nb = _nb(tmp_path / "lab.ipynb", long)
+    po = tmp_path / "lab.po"
+    catalog.update(nb, po, "ko")
+    _translate(po, {"m0": "번역"})
+    _nb(nb, long + " More.")
+    catalog.update(nb, po, "ko")
+    m = catalog.entries(catalog.read(po, "ko"))["m0"]
+    assert m.previous_id[0] == long and m.string == "번역" and catalog.FUZZY in m.flags
 
 
 def test_a_removed_cell_is_orphaned_until_the_update_drops_it(tmp_path):
