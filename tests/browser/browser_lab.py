@@ -173,8 +173,10 @@ def _panel(page):
     return page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
 
 
-def _open_notebook(page, lab: Lab, path: str) -> None:
-    page.goto(lab.page_url(path, workspace=Path(path).stem))  # only this notebook: no tabs of earlier steps
+def _open_notebook(page, lab: Lab, path: str, workspace: str = "") -> None:
+    # only this notebook: no tabs of earlier steps (a workspace keeps its layout and scroll position in
+    # the settings that every make lab of this environment shares)
+    page.goto(lab.page_url(path, workspace=workspace or Path(path).stem))
     _panel(page).locator(".jp-Cell").first.wait_for()
     idle = _panel(page).locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
     choose = page.locator(".jp-Dialog", has_text="Select Kernel").get_by_role("button", name="Select")
@@ -329,10 +331,10 @@ def test_validate_passes_every_test_with_the_answers(lab: Lab, page, lab_id: str
     _validate_with_the_answers(lab, page, lab_id)
 
 
-def _validate_with_the_answers(lab: Lab, page, lab_id: str, shot: str = "") -> str:
+def _validate_with_the_answers(lab: Lab, page, lab_id: str, shot: str = "", workspace: str = "") -> str:
     """Type the reference answers, press Validate, and check that only the written answers are reported."""
     nb_path = lab.work / lab_id / f"{lab_id}.ipynb"
-    _open_notebook(page, lab, f"{lab_id}/{lab_id}.ipynb")
+    _open_notebook(page, lab, f"{lab_id}/{lab_id}.ipynb", workspace=workspace)
     validate = _panel(page).locator(".jp-Toolbar").get_by_text("Validate", exact=True)
     validate.wait_for()
     answers = _typed_answers(page, lab, lab_id)
@@ -371,15 +373,20 @@ def test_lab00_in_korean_runs_all_and_validates(korean_lab: Lab, page) -> None:
     english = [c for c in release.cells if c.cell_type == "markdown" and c.source.strip()
                and not HANGUL.search(c.source) and c.source.strip() != "YOUR ANSWER HERE"]
     assert not english, f"English markdown left in the Korean lab 00: {[c.source[:80] for c in english]}"
-    _open_notebook(page, korean_lab, f"{lab_id}/{lab_id}.ipynb")
+    _open_notebook(page, korean_lab, f"{lab_id}/{lab_id}.ipynb", workspace="ko-00_setup")
     first = _panel(page).locator(".jp-MarkdownCell .jp-RenderedMarkdown").first
-    assert HANGUL.search(first.inner_text()), f"the first cell shows: {first.inner_text()[:200]}"
+    first.scroll_into_view_if_needed()  # JupyterLab renders only the cells in view
+
+    def korean_shown():
+        first.scroll_into_view_if_needed()
+        return HANGUL.search(first.inner_text())
+    wait(korean_shown, 60, "the first markdown cell to show Korean text")
     _menu(page, "Run", "Run All Cells")
     _panel(page).locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                          has_text="NotImplementedError").first.wait_for(state="attached", timeout=240_000)
     wait(lambda: _running_prompts(page) == 0, 120, "the queued cells to be cleared after the error")
     _shot(page, "6a-lab00-ko-run-all")
-    _validate_with_the_answers(korean_lab, page, lab_id, shot="-ko")
+    _validate_with_the_answers(korean_lab, page, lab_id, shot="-ko", workspace="ko-00_setup")
 
 
 def test_make_check_passes_the_answers(lab: Lab) -> None:
