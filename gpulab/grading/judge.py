@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gpulab.i18n.messages import HINT  # the hint's label in a localized spec's language
+from gpulab.i18n import LANGUAGES  # the hint's label in a localized spec's language
 
 MAX_DEPTH = 12
 MAX_ITEMS = 200_000           # list elements, dict entries, set members, per value
@@ -305,7 +305,7 @@ def _decode_tensor(body: Any) -> Tensor:
 def _fail(spec: dict[str, Any], detail: str) -> str:
     msg = f"{spec.get('what') or 'check'}: {detail}"
     if spec.get("hint"):
-        msg += f"\n  {HINT.get(spec.get('lang'), 'Hint')}: {spec['hint']}"
+        msg += f"\n  {LANGUAGES[spec['lang']].hint if spec.get('lang') in LANGUAGES else 'Hint'}: {spec['hint']}"
     return msg
 
 

@@ -12,4 +12,15 @@ translated, so grade ids, points and hidden tests are the same in every language
 - ``build``: the translated course root that ``make release LANG=ko`` and ``make lab LANG=ko`` use.
 """
 
-LANGUAGES = {"ko": "한국어"}
+from typing import NamedTuple
+
+
+class Language(NamedTuple):
+    """What the kit says in a language besides its catalogues (imported by the graders' judge: keep light)."""
+
+    name: str          # the language's own name, in command output
+    hint: str          # the label before a check's hint
+    untranslated: str  # the first cell of a lab that has no catalogue yet
+
+
+LANGUAGES = {"ko": Language("한국어", "힌트", "> 이 실습은 아직 한국어로 옮겨지지 않아 영어 원문으로 제공됩니다.")}

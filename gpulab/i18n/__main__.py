@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         out = (args.out or REPO / "build" / "i18n" / args.lang).resolve()
         missing = build.build(course, args.lang, out)
-        print(f"{LANGUAGES[args.lang]} course root: {out}")
+        print(f"{LANGUAGES[args.lang].name} course root: {out}")
         if missing:
             print(f"not translated yet, left in English: {', '.join(missing)}")
         return 0
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     problems += [checks.Problem(s, "-", "orphaned", "a catalogue for a lab that does not exist") for s in stray]
     for p in problems:
         print(p)
-    print(f"{LANGUAGES[args.lang]}: {done} catalogue(s) checked, {len(problems)} problem(s)"
+    print(f"{LANGUAGES[args.lang].name}: {done} catalogue(s) checked, {len(problems)} problem(s)"
           + (f"; none yet (left in English): {', '.join(untranslated)}" if untranslated else ""))
     return 1 if problems else 0
 

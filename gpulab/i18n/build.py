@@ -15,27 +15,22 @@ import nbformat
 from gpulab.i18n import LANGUAGES, catalog
 
 SKIP = {".ipynb_checkpoints", "__pycache__", "traces"}
-UNTRANSLATED = {"ko": "> 이 실습은 아직 한국어로 옮겨지지 않아 영어 원문으로 제공됩니다."}
 
 
 def translate(nb_path: Path, po_path: Path | None, lang: str) -> nbformat.NotebookNode:
     nb = nbformat.read(str(nb_path), as_version=4)
     nb.metadata.setdefault("gpulab", {})["lang"] = lang
     if po_path is None or not po_path.exists():
-        note = nbformat.v4.new_markdown_cell(UNTRANSLATED[lang], id="gpulab-untranslated")
+        note = nbformat.v4.new_markdown_cell(LANGUAGES[lang].untranslated, id="gpulab-untranslated")
         note.metadata["gpulab"] = {"untranslated": True}
         nb.cells.insert(0, note)
         return nb
-    done = {cid: m.string for cid, m in catalog.entries(catalog.read(po_path, lang)).items()
-            if m.string.strip() and catalog.FUZZY not in m.flags and m.id == _text(nb, cid)}
-    for c in nb.cells:
-        if c.cell_type == "markdown" and c.get("id") in done:
-            c.source = done[c.id]
+    entries = catalog.entries(catalog.read(po_path, lang))
+    for c in nb.cells:  # a translation replaces the cell it was made from, as that cell reads now
+        m = entries.get(c.get("id")) if c.cell_type == "markdown" else None
+        if m is not None and m.string.strip() and catalog.FUZZY not in m.flags and m.id == c.source:
+            c.source = m.string
     return nb
-
-
-def _text(nb: nbformat.NotebookNode, cid: str) -> str | None:
-    return next((c.source for c in nb.cells if c.get("id") == cid), None)
 
 
 def build(course: Path, lang: str, out: Path) -> list[str]:

@@ -58,13 +58,13 @@ def catalogue_path(course: Path, lang: str, lab: str) -> Path:
 
 
 def read(path: Path, lang: str) -> Catalog:
-    with open(path, "rb") as fh:
-        try:
-            cat = read_po(fh, locale=lang, abort_invalid=True)
-        except Exception as err:  # Babel raises PoFileError and others on a corrupt file
-            raise ValueError(f"{path}: not a readable gettext catalogue ({err}); restore it from git "
-                             "(`git checkout -- <file>`) and run make i18n-update again") from err
-    previous = _previous_ids(path.read_text(encoding="utf-8"))
+    data = path.read_bytes()  # read once: Babel parses it, _previous_ids finds what Babel skips
+    try:
+        cat = read_po(io.BytesIO(data), locale=lang, abort_invalid=True)
+    except Exception as err:  # Babel raises PoFileError and others on a corrupt file
+        raise ValueError(f"{path}: not a readable gettext catalogue ({err}); restore it from git "
+                         "(`git checkout -- <file>`) and run make i18n-update again") from err
+    previous = _previous_ids(data.decode("utf-8", errors="replace"))
     for m in cat:
         if m.context in previous:
             m.previous_id = (previous[m.context],)

@@ -17,8 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpulab.i18n import LANGUAGES
+
 CATALOGUES = Path(__file__).resolve().parents[2] / "notebooks" / "i18n"
-HINT = {"ko": "힌트"}  # the label before a hint (the graders' judge imports it: keep this module light)
 SUFFIX = ".checks"
 
 
@@ -81,7 +82,7 @@ def table(lang: str) -> dict[str, str]:
 
 def localize(spec: dict[str, Any], lang: str | None) -> dict[str, Any]:
     """``spec`` with its ``what`` and ``hint`` translated where the catalogue has them."""
-    if not lang or lang not in HINT:
+    if not lang or lang not in LANGUAGES:
         return spec
     words = table(lang)
     out = dict(spec, lang=lang)
