@@ -26,3 +26,8 @@ class MaskedReference(RuntimeError):
         super().__init__(f"gpulab's reference {name} is not available while this lab is graded: the exercise is "
                          "to write it yourself (use torch, not gpulab's version)")
         self.name = name
+
+if os.environ.get("GPULAB_LANG"):  # make lab LANG=ko: the demo cells' printed text in the student's language
+    from gpulab.i18n import output as _output
+
+    _output.install(os.environ["GPULAB_LANG"])

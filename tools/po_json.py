@@ -3,6 +3,10 @@
     .venv/bin/python tools/po_json.py export 03_hdf5 --lang ko > /tmp/03.json
     .venv/bin/python tools/po_json.py import 03_hdf5 --lang ko /tmp/03.json
     .venv/bin/python tools/po_json.py export 03_hdf5 --checks > /tmp/03c.json   # the graders' texts
+    .venv/bin/python tools/po_json.py export 03_hdf5 --output > /tmp/03o.json   # what the demo cells print
+
+A template (an f-string, a printed line) has ``{0}``, ``{1}``... where its values go; ``note`` says
+what each one is. Keep every one, in the order Korean needs.
 
 Each JSON entry: ``id`` (the cell id), ``note``, ``en`` (the English now), ``was`` (the English the
 current translation was made from, when it changed since: the entry is fuzzy), ``ko``. Import sets
@@ -20,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpulab.i18n import catalog, messages  # noqa: E402
+from gpulab.i18n import catalog, messages, output  # noqa: E402
 
 
 def main() -> int:
@@ -29,15 +33,17 @@ def main() -> int:
     parser.add_argument("lab")
     parser.add_argument("json", nargs="?", type=Path)
     parser.add_argument("--lang", default="ko")
-    parser.add_argument("--checks", action="store_true", help="the lab's checks catalogue (what=/hint= texts)")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--checks", action="store_true", help="the lab's checks catalogue (what=/hint= texts)")
+    kind.add_argument("--output", action="store_true", help="the lab's printed-output catalogue (demo cells' print)")
     args = parser.parse_intermixed_args()  # the JSON file may come after --lang
-    where = messages.checks_path if args.checks else catalog.catalogue_path
+    where = messages.checks_path if args.checks else output.output_path if args.output else catalog.catalogue_path
     po = where(REPO / "notebooks", args.lang, args.lab)
     if not po.exists():
         raise SystemExit(f"no catalogue {po}: make i18n-update LANG={args.lang} LAB={args.lab} starts one")
     cat = catalog.read(po, args.lang)
     if args.command == "export":
-        rows = [{"id": m.context, "note": "; ".join(m.auto_comments), "en": m.id,
+        rows = [{"id": m.context, "note": " ".join(m.auto_comments), "en": m.id,
                  **({"was": m.previous_id[0]} if catalog.FUZZY in m.flags and m.previous_id else {}), "ko": m.string}
                 for m in cat if m.id and m.context]
         json.dump(rows, sys.stdout, ensure_ascii=False, indent=1)

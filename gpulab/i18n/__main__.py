@@ -1,8 +1,9 @@
 """``python -m gpulab.i18n {update,check,build} --lang ko`` (``make i18n-update``, ``make
 i18n-check``, and the first step of ``make release LANG=ko`` / ``make lab LANG=ko``).
 
-Each lab has up to two catalogues: ``<lab>.po`` (its markdown) and ``<lab>.checks.po`` (its checks'
-``what=``/``hint=`` texts, shown by the graders). A lab without one is left in English."""
+Each lab has up to three catalogues: ``<lab>.po`` (its markdown), ``<lab>.checks.po`` (its checks'
+``what=``/``hint=`` texts, shown by the graders) and ``<lab>.output.po`` (what its demo cells print).
+A lab without one is left in English."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpulab.i18n import LANGUAGES, build, catalog, checks, messages
+from gpulab.i18n import LANGUAGES, build, catalog, checks, messages, output
 
 REPO = Path(__file__).resolve().parents[2]
-KINDS = ((catalog.catalogue_path, catalog.cells), (messages.checks_path, messages.cells))
+KINDS = ((catalog.catalogue_path, catalog.cells), (messages.checks_path, messages.cells),
+         (output.output_path, output.cells))
 
 
 def _notebooks(course: Path, lab: str | None) -> list[Path]:
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             problems += checks.check_lab(nb, po, args.lang, terms, items=items)
     labs = {nb.stem for nb in _notebooks(course, None)}
     stray = sorted(p.name for p in (course / "i18n" / args.lang).glob("*.po")
-                   if p.name.removesuffix(".po").removesuffix(messages.SUFFIX) not in labs)
+                   if p.name.removesuffix(".po").removesuffix(messages.SUFFIX).removesuffix(output.SUFFIX) not in labs)
     problems += [checks.Problem(s, "-", "orphaned", "a catalogue for a lab that does not exist") for s in stray]
     for p in problems:
         print(p)

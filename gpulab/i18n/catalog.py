@@ -28,6 +28,7 @@ class Cell:
     id: str
     text: str
     note: str  # what kind of cell, shown to the translator as an extracted comment
+    flags: frozenset[str] = frozenset()  # templates.FLAG for a text with {0}-style values
 
 
 def cells(nb_path: Path) -> list[Cell]:
@@ -134,15 +135,15 @@ def update(nb_path: Path, po_path: Path, lang: str, project: str = "gpulab",
         seen.add(cell.id)
         prev = old.get(cell.id)
         if prev is None:
-            new.add(cell.text, "", context=cell.id, auto_comments=[cell.note])
+            new.add(cell.text, "", context=cell.id, auto_comments=[cell.note], flags=set(cell.flags))
             changes.added.append(cell.id)
         elif prev.id == cell.text:
-            new.add(cell.text, prev.string, context=cell.id, auto_comments=[cell.note], flags=prev.flags,
+            new.add(cell.text, prev.string, context=cell.id, auto_comments=[cell.note], flags=set(prev.flags) | cell.flags,
                     previous_id=prev.previous_id if FUZZY in prev.flags else ())
         else:  # the English changed: keep the translation to revise, with the English it translated
             was = (prev.previous_id or (prev.id,)) if FUZZY in prev.flags else (prev.id,)
             new.add(cell.text, prev.string, context=cell.id, auto_comments=[cell.note],
-                    flags=set(prev.flags) | {FUZZY}, previous_id=was)
+                    flags=set(prev.flags) | cell.flags | {FUZZY}, previous_id=was)
             changes.changed.append(cell.id)
     changes.removed = [cid for cid in old if cid not in seen]
     write(po_path, new)

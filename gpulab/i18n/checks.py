@@ -7,6 +7,7 @@ English source as it is now, and keep what must not change.
 - **orphaned**: an entry for a cell that is gone;
 - **kept as is**: every code span (`` `x` ``), math span (``$x$``), link target and number of the
   English must appear in the translation, and the ``<details>`` folds must stay folds;
+- **values**: a template (an f-string, a printed line) keeps each of its ``{0}``-style values;
 - **glossary**: a term of ``docs/i18n/<lang>-glossary.md`` is translated as the glossary says,
   wherever its English appears.
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from gpulab.i18n import catalog
+from gpulab.i18n import catalog, templates
 
 CODE = re.compile(r"(`+)(.+?)\1", re.S)
 MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
@@ -93,7 +94,7 @@ def term_misses(english: str, translated: str, terms: dict[str, str]) -> list[st
     _, prose = _protected(english)
     misses = []
     for term, ko in terms.items():
-        if re.search(rf"(?<![\w.-]){_loose(term)}(?:s|es)?(?![\w(-])", prose, re.I) and ko.lower() not in translated.lower():
+        if re.search(rf"(?<![\w.-]){_loose(term)}(?:s|es)?(?![\w(\[=-])", prose, re.I) and ko.lower() not in translated.lower():
             misses.append(f"{term!r} must be translated as {ko!r} (docs/i18n glossary)")
     return misses
 
@@ -118,6 +119,8 @@ def check_lab(nb_path: Path, po_path: Path, lang: str, terms: dict[str, str],
             problems.append(Problem(lab, cid, "missing", "not translated yet"))
             continue
         problems += [Problem(lab, cid, "kept as is", f"the translation lost {x}") for x in kept(cell.text, m.string)]
+        if templates.FLAG in cell.flags:
+            problems += [Problem(lab, cid, "values", x) for x in templates.problems(cell.text, m.string)]
         problems += [Problem(lab, cid, "glossary", x) for x in term_misses(cell.text, m.string, terms)]
     problems += [Problem(lab, cid, "orphaned", "its cell is gone from the notebook: run make i18n-update")
                  for cid in have if cid not in source]

@@ -115,6 +115,8 @@ def test_a_terms_spelling_variants_count_and_a_call_of_the_same_name_does_not():
         ["'mixed precision' must be translated as '혼합 정밀도' (docs/i18n glossary)"]
     assert checks.term_misses("Two bubbles.", "버블 두 개.", terms) == []
     assert checks.term_misses("bubble(2, 1): the naive split", "단순 분할", terms) == []  # a function's name
+    assert checks.term_misses("move it to devices[1] or device=x", "devices[1] 또는 device=x로", {"device": "장치"}) == []
+    assert checks.term_misses("move it to the device", "devices[1]로", {"device": "장치"})  # prose still counts
     assert checks.term_misses("Successive halving", "successive halving", {"successive halving": "Successive Halving"}) == []
 
 

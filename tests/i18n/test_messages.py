@@ -14,7 +14,7 @@ from gpulab.i18n import catalog, messages
 CELL = '''from gpulab import grading
 grading.check_equal(f(2), 4, what="f(2), the square", hint="multiply, do not add")
 grading.check(f(3) == 9, "f(3)", "look at the sign")
-grading.check_close(f(1.5), 2.25, what=f"f({1.5})", hint="multiply, do not add")
+grading.check_close(f(x), x * x, what=f"f({x}) against {x} squared", hint="multiply, do not add")
 %timeit f(2)
 '''
 
@@ -27,7 +27,8 @@ def korean(tmp_path, monkeypatch):
     po = tmp_path / "ko" / f"lab{messages.SUFFIX}.po"
     catalog.update(path, po, "ko", items=messages.cells)
     cat = catalog.read(po, "ko")
-    ko = {"f(2), the square": "f(2), 제곱", "multiply, do not add": "더하지 말고 곱하세요", "f(3)": "f(3)"}
+    ko = {"f(2), the square": "f(2), 제곱", "multiply, do not add": "더하지 말고 곱하세요", "f(3)": "f(3)",
+          "f({0}) against {1} squared": "{1}의 제곱과 f({0}) 비교"}
     for m in catalog.entries(cat).values():
         m.string = ko.get(m.id, "")
     catalog.write(po, cat)
@@ -37,9 +38,20 @@ def korean(tmp_path, monkeypatch):
     messages.table.cache_clear()
 
 
-def test_extraction_takes_plain_strings_once_and_leaves_f_strings(korean):
-    assert [(c.id, c.text) for c in messages.cells(korean)] == [
-        ("t:0", "f(2), the square"), ("t:1", "multiply, do not add"), ("t:2", "f(3)"), ("t:3", "look at the sign")]
+def test_extraction_takes_plain_strings_once_and_f_strings_as_templates(korean):
+    found = messages.cells(korean)
+    assert [(c.id, c.text) for c in found] == [
+        ("t:0", "f(2), the square"), ("t:1", "multiply, do not add"), ("t:2", "f(3)"), ("t:3", "look at the sign"),
+        ("t:f0", "f({0}) against {1} squared")]
+    assert found[-1].flags == {"python-brace-format"} and "{0} = x; {1} = x" in found[-1].note
+    assert all(not c.flags for c in found[:-1])
+
+
+def test_an_f_string_message_is_translated_with_the_values_it_had(korean):
+    spec = {"kind": "close", "what": "f(1.5) against 1.5 squared", "hint": "multiply, do not add"}
+    assert messages.localize(spec, "ko")["what"] == "1.5의 제곱과 f(1.5) 비교", "the values move where Korean puts them"
+    spec["what"] = "g(1.5) against 1.5 squared"
+    assert messages.localize(spec, "ko")["what"] == spec["what"], "a text the template does not fit stays English"
 
 
 def test_the_graders_message_is_translated_and_the_measurement_is_not(korean):
@@ -69,7 +81,8 @@ def test_a_fuzzy_or_broken_catalogue_leaves_english(korean, tmp_path):
         m.flags.add(catalog.FUZZY)
     catalog.write(po, cat)
     messages.table.cache_clear()
-    assert messages.table("ko") == {}
+    assert not messages.table("ko")
+    assert messages.localize({"what": "f(3)", "hint": "look at the sign"}, "ko")["what"] == "f(3)"
     Path(po).write_text("not gettext at all\n", encoding="utf-8")
     messages.table.cache_clear()
-    assert messages.table("ko") == {}
+    assert not messages.table("ko")
