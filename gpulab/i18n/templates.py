@@ -95,18 +95,39 @@ class Template:
     english: str
     translation: str
     pattern: re.Pattern[str]
+    literals: tuple[str, ...]  # the text between the values, in order: "" before a leading value
 
     @classmethod
     def compile(cls, english: str, translation: str) -> "Template":
-        regex = []
+        regex, literals = [], []
         value = ".*?" if "\n" in english else "[^\n]*?"  # a one-line template takes one line's values
         for literal, name, _, _ in _FORMATTER.parse(english):
             regex.append(re.escape(literal))
+            literals.append(literal)
             if name is not None:
                 regex.append(f"(?P<v{int(name)}>{value})")  # numbered 0, 1, ... once each, by from_parts
-        return cls(english, translation, re.compile("".join(regex), re.S))
+        if literals and english.endswith("}") and not english.endswith("}}"):
+            literals.append("")
+        return cls(english, translation, re.compile("".join(regex), re.S), tuple(literals))
+
+    def could_match(self, text: str) -> bool:
+        """A cheap test first: the regex of a template whose values sit side by side can take very
+        long to fail on a long text that is nearly a match (a doctor's report, a table)."""
+        if "\n" in text and "\n" not in self.english:
+            return False
+        if not (text.startswith(self.literals[0]) and text.endswith(self.literals[-1])):
+            return False
+        at = len(self.literals[0])
+        for literal in self.literals[1:-1]:
+            at = text.find(literal, at)
+            if at < 0:
+                return False
+            at += len(literal)
+        return len(text) - at >= len(self.literals[-1])
 
     def apply(self, text: str) -> str | None:
+        if len(self.literals) > 1 and not self.could_match(text):
+            return None
         m = self.pattern.fullmatch(text)
         if m is None:
             return None

@@ -364,7 +364,8 @@ HANGUL = re.compile("[\uac00-\ud7a3]")
 
 def test_lab00_in_korean_runs_all_and_validates(korean_lab: Lab, page) -> None:
     """make lab LANG=ko (issue 32): every markdown cell of lab 00 is Korean, Run All stops at the
-    first exercise as in English, and Validate passes the answers."""
+    first exercise as in English, what the cells print comes out in Korean, and Validate passes
+    the answers."""
     fonts = subprocess.run(["fc-list", ":lang=ko", "family"], capture_output=True, text=True, check=False).stdout
     assert fonts.strip(), "no Korean font: Chromium would draw boxes (make setup-browser installs fonts-nanum)"
     lab_id = "00_setup"
@@ -385,6 +386,12 @@ def test_lab00_in_korean_runs_all_and_validates(korean_lab: Lab, page) -> None:
     _panel(page).locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                          has_text="NotImplementedError").first.wait_for(state="attached", timeout=240_000)
     wait(lambda: _running_prompts(page) == 0, 120, "the queued cells to be cleared after the error")
+    first_code = _panel(page).locator(".jp-CodeCell").first
+
+    def printed_in_korean():  # the first cell prints "gpulab ... | mode: cpu": the kernel translates it
+        first_code.scroll_into_view_if_needed()
+        return "| 모드: " in "".join(first_code.locator(".jp-OutputArea-output").all_inner_texts())
+    wait(printed_in_korean, 60, "the first code cell's printed line in Korean (notebooks/i18n/ko/00_setup.output.po)")
     _shot(page, "6a-lab00-ko-run-all")
     _validate_with_the_answers(korean_lab, page, lab_id, shot="-ko", workspace="ko-00_setup")
 

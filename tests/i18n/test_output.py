@@ -145,3 +145,17 @@ def test_a_kernel_started_in_korean_prints_a_labs_line_in_korean():
             if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
                 texts.append(msg["content"]["text"])
     assert "".join(texts) == t.translation.format("VALUE") + "\n", (english, texts)
+
+
+@pytest.mark.timeout(30)
+def test_a_long_line_that_nearly_fits_a_template_of_side_by_side_values_is_refused_at_once():
+    """A doctor's report took 205 s to print in Korean: the regex of a template whose values sit side
+    by side backtracks through every split of a long line that ends almost like it. The literal
+    text is tested first; without that this test runs past its timeout."""
+    matcher = templates.Matcher({}, {"{0}{1}{2}{3}{4}{5}  reached": "{0}{1}{2}{3}{4}{5}  도달",
+                                     "{0} | {1} | {2} | {3} note": "{0} | {1} | {2} | {3} 메모"})
+    near = "x" * 130 + "  reache"  # about 80 s for the regex alone on this machine
+    assert matcher.translate(near) is None
+    assert matcher.translate("a | b | " + "c" * 80 + " | d notes") is None
+    assert matcher.translate("ab  reached") == "ab  도달"
+    assert matcher.translate("a | b | c | d note") == "a | b | c | d 메모"
