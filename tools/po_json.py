@@ -4,6 +4,7 @@
     .venv/bin/python tools/po_json.py import 03_hdf5 --lang ko /tmp/03.json
     .venv/bin/python tools/po_json.py export 03_hdf5 --checks > /tmp/03c.json   # the graders' texts
     .venv/bin/python tools/po_json.py export 03_hdf5 --output > /tmp/03o.json   # what the demo cells print
+    .venv/bin/python tools/po_json.py export gpulab --judge > /tmp/judge.json   # the judge's verdicts
 
 A template (an f-string, a printed line) has ``{0}``, ``{1}``... where its values go; ``note`` says
 what each one is. Keep every one, in the order Korean needs.
@@ -36,8 +37,10 @@ def main() -> int:
     kind = parser.add_mutually_exclusive_group()
     kind.add_argument("--checks", action="store_true", help="the lab's checks catalogue (what=/hint= texts)")
     kind.add_argument("--output", action="store_true", help="the lab's printed-output catalogue (demo cells' print)")
+    kind.add_argument("--judge", action="store_true", help="the kit's verdicts catalogue (give gpulab as the lab)")
     args = parser.parse_intermixed_args()  # the JSON file may come after --lang
-    where = messages.checks_path if args.checks else output.output_path if args.output else catalog.catalogue_path
+    where = (messages.checks_path if args.checks else output.output_path if args.output
+             else messages.judge_path if args.judge else catalog.catalogue_path)
     po = where(REPO / "notebooks", args.lang, args.lab)
     if not po.exists():
         raise SystemExit(f"no catalogue {po}: make i18n-update LANG={args.lang} LAB={args.lab} starts one")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gpulab.i18n import LANGUAGES  # the hint's label in a localized spec's language
+from gpulab.i18n import LANGUAGES, messages  # a localized spec's language: the hint's label, the verdict
 
 MAX_DEPTH = 12
 MAX_ITEMS = 200_000           # list elements, dict entries, set members, per value
@@ -303,7 +303,7 @@ def _decode_tensor(body: Any) -> Tensor:
 # ---- comparing ---------------------------------------------------------------------------------
 
 def _fail(spec: dict[str, Any], detail: str) -> str:
-    msg = f"{spec.get('what') or 'check'}: {detail}"
+    msg = f"{spec.get('what') or 'check'}: {messages.say(detail, spec.get('lang'))}"
     if spec.get("hint"):
         msg += f"\n  {LANGUAGES[spec['lang']].hint if spec.get('lang') in LANGUAGES else 'Hint'}: {spec['hint']}"
     return msg

@@ -3,7 +3,8 @@ i18n-check``, and the first step of ``make release LANG=ko`` / ``make lab LANG=k
 
 Each lab has up to three catalogues: ``<lab>.po`` (its markdown), ``<lab>.checks.po`` (its checks'
 ``what=``/``hint=`` texts, shown by the graders) and ``<lab>.output.po`` (what its demo cells print).
-A lab without one is left in English."""
+A lab without one is left in English. One more, ``gpulab.judge.po``, holds the judge's verdicts
+(``expected {0}, got {1}``) that every check's message is made of."""
 
 from __future__ import annotations
 
@@ -60,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
                 if changes:
                     print(f"{po.relative_to(course)}: {len(changes.added)} new, {len(changes.changed)} changed "
                           f"(flagged fuzzy), {len(changes.removed)} removed")
+        if not args.lab:  # the kit's own texts: the judge's verdicts
+            po = messages.judge_path(course, args.lang)
+            changes = catalog.update(messages.JUDGE, po, args.lang, items=messages.judge_cells)
+            if changes:
+                print(f"{po.relative_to(course)}: {len(changes.added)} new, {len(changes.changed)} changed "
+                      f"(flagged fuzzy), {len(changes.removed)} removed")
         print("translate the new entries and revise the fuzzy ones (their old English is in the #| lines), "
               "then make i18n-check")
         return 0
@@ -75,9 +82,17 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             done += 1
             problems += checks.check_lab(nb, po, args.lang, terms, items=items)
-    labs = {nb.stem for nb in _notebooks(course, None)}
+    if not args.lab:
+        po = messages.judge_path(course, args.lang)
+        if po.exists():
+            done += 1
+            problems += checks.check_lab(messages.JUDGE, po, args.lang, terms, items=messages.judge_cells)
+        else:
+            untranslated.append(po.name.removesuffix(".po"))
+    labs = {nb.stem for nb in _notebooks(course, None)} | {messages.KIT}
     stray = sorted(p.name for p in (course / "i18n" / args.lang).glob("*.po")
-                   if p.name.removesuffix(".po").removesuffix(messages.SUFFIX).removesuffix(output.SUFFIX) not in labs)
+                   if p.name.removesuffix(".po").removesuffix(messages.SUFFIX).removesuffix(output.SUFFIX)
+                   .removesuffix(messages.JUDGE_SUFFIX) not in labs)
     problems += [checks.Problem(s, "-", "orphaned", "a catalogue for a lab that does not exist") for s in stray]
     for p in problems:
         print(p)

@@ -91,6 +91,57 @@ def cells(nb_path: Path) -> list[Any]:
     return out
 
 
+# gpulab's own texts that a check's message is made of: the judge's verdicts ("expected {0}, got
+# {1}"), one catalogue for the kit (``notebooks/i18n/<lang>/gpulab.judge.po``)
+KIT = "gpulab"
+JUDGE = Path(__file__).resolve().parents[1] / "grading" / "judge.py"
+VERDICTS = ("verdict", "_close", "_array_close", "_difference", "_between", "_ratio", "_raises")
+JUDGE_SUFFIX = ".judge"
+
+
+def judge_cells(py_path: Path = JUDGE) -> list[Any]:
+    """The judge's verdict texts: each string or f-string of the functions that write a verdict,
+    docstrings and keys aside, as templates keyed ``<function>:<n>``."""
+    import re
+
+    catalog = _catalog()
+    out = []
+    tree = ast.parse(py_path.read_text(encoding="utf-8"))
+    for fn in [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in VERDICTS]:
+        body = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
+        inner = {id(v) for node in ast.walk(fn) if isinstance(node, ast.JoinedStr) for v in node.values}
+        found: dict[str, list[str]] = {}
+        for node in [n for stmt in body for n in ast.walk(stmt)]:
+            if id(node) in inner or not (isinstance(node, ast.JoinedStr) or
+                                         (isinstance(node, ast.Constant) and isinstance(node.value, str))):
+                continue
+            made = templates.from_parts([node])
+            words = re.findall(r"[A-Za-z]{2,}", re.sub(r"\{\d+\}", "", made[0])) if made else []
+            # a sentence, or an f-string's phrase (" at {0}"); not a key such as "at_least"
+            if len(words) >= (1 if isinstance(node, ast.JoinedStr) else 2) and " " in made[0]:
+                found.setdefault(*made)
+        out += [catalog.Cell(f"{fn.name}:{n}", text, f"a verdict of gpulab.grading.judge.{fn.name}"
+                             + values_note(values), frozenset({templates.FLAG}))
+                for n, (text, values) in enumerate(found.items())]
+    return out
+
+
+def judge_path(course: Path, lang: str, lab: str = KIT) -> Path:
+    return course / "i18n" / lang / f"{KIT}{JUDGE_SUFFIX}.po"
+
+
+@functools.cache
+def verdicts(lang: str) -> templates.Matcher:
+    return matcher(lang, JUDGE_SUFFIX)
+
+
+def say(detail: str, lang: str | None) -> str:
+    """A verdict's detail (``expected 4, got 5``) in ``lang``, where the kit's catalogue has it."""
+    if not lang or lang not in LANGUAGES:
+        return detail
+    return verdicts(lang).translate(detail, nested=True) or detail
+
+
 def checks_path(course: Path, lang: str, lab: str) -> Path:
     return course / "i18n" / lang / f"{lab}{SUFFIX}.po"
 

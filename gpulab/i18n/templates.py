@@ -16,7 +16,7 @@ import ast
 import re
 import string
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 FLAG = "python-brace-format"  # gettext's own flag for a msgid with {0}-style fields
 _FORMATTER = string.Formatter()
@@ -125,14 +125,15 @@ class Template:
             at += len(literal)
         return len(text) - at >= len(self.literals[-1])
 
-    def apply(self, text: str) -> str | None:
+    def apply(self, text: str, value: Callable[[str], str] | None = None) -> str | None:
+        """The translation with the values ``text`` holds (each through ``value`` if given), or None."""
         if len(self.literals) > 1 and not self.could_match(text):
             return None
         m = self.pattern.fullmatch(text)
         if m is None:
             return None
         values = [m.group(f"v{i}") for i in range(len(set(fields(self.english))))]
-        return self.translation.format(*values)
+        return self.translation.format(*(map(value, values) if value else values))
 
 
 class Matcher:
@@ -150,12 +151,15 @@ class Matcher:
     def __bool__(self) -> bool:
         return bool(self.exact or self.templates)
 
-    def translate(self, text: str) -> str | None:
+    def translate(self, text: str, nested: bool = False) -> str | None:
+        """``text`` translated, or None; ``nested``: a value that is itself a text of the catalogue
+        (a verdict's `` at [0]['x']``) is translated too, one level deep."""
         if text in self.exact:
             return self.exact[text]
+        inner = (lambda v: self.translate(v) or v) if nested else None
         for t in self.templates:
             try:
-                out = t.apply(text)
+                out = t.apply(text, inner)
             except (ValueError, KeyError, IndexError):
                 continue
             if out is not None:

@@ -3,6 +3,7 @@ lab's checks catalogue; what was measured stays as it is."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -34,8 +35,10 @@ def korean(tmp_path, monkeypatch):
     catalog.write(po, cat)
     monkeypatch.setattr(messages, "CATALOGUES", tmp_path)
     messages.table.cache_clear()
+    messages.verdicts.cache_clear()  # no judge catalogue here: the judge's own words stay English
     yield path
     messages.table.cache_clear()
+    messages.verdicts.cache_clear()
 
 
 def test_extraction_takes_plain_strings_once_and_f_strings_as_templates(korean):
@@ -86,3 +89,32 @@ def test_a_fuzzy_or_broken_catalogue_leaves_english(korean, tmp_path):
     Path(po).write_text("not gettext at all\n", encoding="utf-8")
     messages.table.cache_clear()
     assert not messages.table("ko")
+
+
+def test_the_judges_own_words_come_in_korean_from_the_kits_catalogue():
+    """Every kind of failed check, judged for a Korean submission with the repository's
+    notebooks/i18n/ko/gpulab.judge.po: the judge's words are Korean, the values are the ones measured,
+    and the English verdict is unchanged."""
+    import numpy as np
+
+    messages.verdicts.cache_clear()
+    vector = judge.Tensor("float32", (3,), "cpu", np.array([1.0, 2.0, 3.0], dtype=np.float32))
+    other = judge.Tensor("float32", (3,), "cpu", np.array([1.0, 2.5, 3.0], dtype=np.float32))
+    square = judge.Tensor("float32", (2, 2), "cpu", np.zeros((2, 2), dtype=np.float32))
+    cases = [({"kind": "equal"}, [1, 5], [1, 4]), ({"kind": "equal"}, {"a": 1}, {"a": "1"}),
+             ({"kind": "close"}, other, vector), ({"kind": "close"}, 1.5, 1.0), ({"kind": "close"}, [vector], [square]),
+             ({"kind": "close"}, "x", vector), ({"kind": "shape"}, vector, (2, 2)), ({"kind": "true"}, False, None),
+             ({"kind": "between", "lo": 0.5}, 0.25, None), ({"kind": "between", "hi": 0.5}, 0.75, None),
+             ({"kind": "ratio", "at_least": 2.0}, [1.0, 1.0], None), ({"kind": "ratio", "at_most": 0.5}, [3.0, 2.0], None),
+             ({"kind": "raises", "types": ["ValueError"]}, None, None)]
+    english_words = re.compile(r"\b(expected|got|but|needs|ratio|below|above|values|shape|raised)\b")
+    for spec, actual, expected in cases:
+        spec = dict(spec, what="W", hint="H")
+        english = judge.verdict(spec, actual, expected)
+        korean = judge.verdict(dict(spec, lang="ko"), actual, expected)
+        assert english and korean and english != korean, (spec, english)
+        detail = korean.split("\n")[0].removeprefix("W: ")
+        assert not english_words.search(detail), f"{spec['kind']}: English left in {korean!r}"
+        numbers = sorted(re.findall(r"\d+(?:\.\d+)?", english.split("\n")[0]))
+        assert sorted(re.findall(r"\d+(?:\.\d+)?", korean.split("\n")[0])) == numbers, (english, korean)
+    assert judge.verdict({"kind": "equal", "what": "W"}, 5, 4) == "W: expected 4, got 5"
