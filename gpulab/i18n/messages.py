@@ -4,9 +4,11 @@ cells' checks, from a second catalogue per lab, ``notebooks/i18n/<lang>/<lab>.ch
 Extraction reads each code cell with ``ast``: every plain string given as ``what=`` or ``hint=``
 (or as ``check(condition, what, hint)``'s second and third argument). An f-string becomes a
 template (:mod:`gpulab.i18n.templates`): its values are filled in from the English text as it
-came out. At run time :func:`localize` swaps a check's texts for their translations: in the student's kernel when ``GPULAB_LANG`` is set (``make lab
-LANG=ko`` sets it), and in the grader from the submission's ``metadata.gpulab.lang``. What the
-grader measured (values, shapes, differences) stays as it is.
+came out. At run time :func:`localize` swaps a check's texts for their translations: in the
+student's kernel when ``GPULAB_LANG`` is set (``make lab LANG=ko`` sets it), and in the grader from
+the submission's ``metadata.gpulab.lang``. The judge's own words around them come from the kit's
+catalogue, ``gpulab.judge.po`` (:func:`say`). What the grader measured (values, shapes,
+differences) stays as it is.
 """
 
 from __future__ import annotations
