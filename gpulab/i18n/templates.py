@@ -1,5 +1,5 @@
 """Texts whose values are only known when they run: an f-string's ``what=``/``hint=``, a demo
-cell's ``print(f"... {x} ...")``. Each becomes a template, its values numbered in order
+cell's ``print(f"... {x} ...")`` (or ``print("... %s ..." % x)``). Each becomes a template, its values numbered in order
 (``"{0} of {1} ranks answered"``), with the expression each number stands for beside it for the
 translator. A translation may put the numbers in any order (Korean often must).
 
@@ -43,9 +43,19 @@ def _added(node: ast.expr) -> list:
     return [node]
 
 
+_PERCENT = re.compile(r"(%%|%(?:\([^)]*\))?[#0 +-]*(?:\*|\d+)?(?:\.(?:\*|\d+))?[hlL]?[diouxXeEfFgGcrsa])")
+
+
+def _percent(node: ast.expr) -> bool:
+    """``"text %s" % values``: printf-style formatting of a literal (no mapping keys)."""
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant)
+            and isinstance(node.left.value, str) and "%(" not in node.left.value
+            and bool(_PERCENT.search(node.left.value)))
+
+
 def texty(node: ast.expr) -> bool:
-    """Whether ``node`` is a string, an f-string, or a sum of them."""
-    return (isinstance(node, ast.Constant) and isinstance(node.value, str)) or isinstance(node, ast.JoinedStr) \
+    """Whether ``node`` is a string, an f-string, a printf-style format, or a sum of them."""
+    return _percent(node) or (isinstance(node, ast.Constant) and isinstance(node.value, str)) or isinstance(node, ast.JoinedStr) \
         or (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and texty(node.left) and texty(node.right))
 
 
@@ -66,6 +76,19 @@ def from_parts(parts: Iterable[ast.expr], sep: str = "") -> tuple[str, list[str]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             pieces.append(_literal(node.value))
             text = text or any(ch.isalpha() for ch in node.value)
+        elif _percent(node):  # "allocated %s, reserved %s" % stats()
+            right = node.right
+            specs = [m for m in _PERCENT.findall(node.left.value) if m != "%%"]
+            given = right.elts if isinstance(right, ast.Tuple) else [right] if len(specs) == 1 else None
+            k = 0
+            for n, piece in enumerate(_PERCENT.split(node.left.value)):
+                if n % 2 == 0 or piece == "%%":
+                    pieces.append(_literal(piece.replace("%%", "%") if n % 2 else piece))
+                    text = text or any(ch.isalpha() for ch in piece)
+                else:
+                    values.append(ast.unparse(given[k]) if given and k < len(given) else f"({ast.unparse(right)})[{k}]")
+                    pieces.append("{" + str(len(values) - 1) + "}")
+                    k += 1
         elif isinstance(node, ast.JoinedStr):
             for piece in node.values:
                 if isinstance(piece, ast.Constant):

@@ -23,11 +23,13 @@ print("to stderr", file=sys.stderr)
 print("after a magic: {braces}", n)
 print("total: " + f"{n} items", "(summed)")
 print(f"loop {n}: done\\n")
+print("allocated %s, reserved %.1f%%" % (n, s))
 '''
 KO = {"one batch of {0} images costs {1} ms": "{1} ms: 이미지 {0}장짜리 배치 하나의 비용",
       "mode: {0} | threads: {1}": "모드: {0} | 스레드: {1}",
       "after a magic: {{braces}} {0}": "매직 다음: {{braces}} {0}", "test {0}": "테스트 {0}",
-      "total: {0} items (summed)": "합계: {0}개 (합산)", "loop {0}: done\n": "루프 {0}: 끝\n"}
+      "total: {0} items (summed)": "합계: {0}개 (합산)", "loop {0}: done\n": "루프 {0}: 끝\n",
+      "allocated {0}, reserved {1}%": "할당 {0}, 예약 {1}%"}
 
 
 @pytest.fixture
@@ -55,7 +57,7 @@ def test_extraction_takes_each_demo_print_with_text_as_a_template(lab):
     assert [(c.id, c.text) for c in found] == [
         ("demo:p0", "one batch of {0} images costs {1} ms"), ("demo:p1", "mode: {0} | threads: {1}"),
         ("demo:p2", "ab"), ("demo:p3", "after a magic: {{braces}} {0}"), ("demo:p4", "total: {0} items (summed)"),
-        ("demo:p5", "loop {0}: done\n"), ("test:p0", "test {0}")], \
+        ("demo:p5", "loop {0}: done\n"), ("demo:p6", "allocated {0}, reserved {1}%"), ("test:p0", "test {0}")], \
         "print(n) has no text, stderr is not the student's output, a solution cell is the student's own"
     assert "{0} = n; {1} = 1000.0 * s" in found[0].note and found[-1].note.startswith("printed by test cell 1")
     assert all(c.flags == {templates.FLAG} for c in found)
@@ -79,6 +81,7 @@ def test_printed_lines_come_out_translated_with_their_values(lab):
                     (("after a magic: {braces}", 7), {}),
                     (("total: " + f"{n} items", "(summed)"), {}),
                     ((f"loop {n}: done\n",), {}),
+                    (("allocated %s, reserved %.1f%%" % (n, 2.5),), {}),
                     (("no template for this",), {}),
                     (("one batch of 8 images costs 2 seconds",), {}),
                     (("mode: cpu | threads: 1\nmode: cpu | threads: 2",), {}),
@@ -91,6 +94,7 @@ def test_printed_lines_come_out_translated_with_their_values(lab):
         "합계: 32개 (합산)",
         "루프 32: 끝",
         "",
+        "할당 32, 예약 2.5%",
         "no template for this",
         "one batch of 8 images costs 2 seconds",  # the template's text around the values must match
         "모드: cpu | 스레드: 1",                   # a print of two lines: each line on its own
