@@ -67,6 +67,9 @@ def read(path: Path, lang: str) -> Catalog:
                          "(`git checkout -- <file>`) and run make i18n-update again") from err
     previous = _previous_ids(data.decode("utf-8", errors="replace"))
     for m in cat:
+        # Babel keeps a "#| msgid" line as a translator's comment ("# | msgid"); it is the old English
+        # of a fuzzy entry, written again by write() while the entry is fuzzy, so it is dropped here
+        m.user_comments = [c for c in m.user_comments if not c.startswith("| ")]
         if m.context in previous:
             m.previous_id = (previous[m.context],)
     return cat

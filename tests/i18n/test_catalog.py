@@ -64,6 +64,7 @@ def test_changed_english_keeps_the_translation_flagged_fuzzy_with_the_old_englis
     assert _kinds(nb, po) == [("m1", "stale"), ("m1", "kept as is")]  # fuzzy, and 4 is not in the old text
     _translate(po, {"m1": "4개 랭크의 그래디언트를 평균합니다."})
     assert _kinds(nb, po) == []
+    assert "Sum the gradient" not in po.read_text(encoding="utf-8"), "a revised entry keeps no old English"
 
 
 def test_the_old_english_of_a_long_cell_survives_exactly(tmp_path):
