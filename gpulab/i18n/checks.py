@@ -24,7 +24,7 @@ from gpulab.i18n import catalog, templates
 
 CODE = re.compile(r"(`+)(.+?)\1", re.S)
 MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]+\$", re.S)
-LINK = re.compile(r"\]\(([^)\s]+)\)|(https?://[^\s)>\]]+)")
+LINK = re.compile(r"\]\(([^)\s]+)\)|(https?://[^\s)>\]*]+)")  # a bare address ends before markdown's **
 NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")  # in the English: a number of its own, not H100's
 ANY_NUMBER = re.compile(r"(?<![\d.,])\d+(?:[.,]\d+)*")  # in a translation: also glued to a Korean word (2배)
 TAGS = ("<details>", "</details>", "<summary>", "</summary>")

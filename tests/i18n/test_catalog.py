@@ -110,6 +110,12 @@ def test_what_must_stay_as_it_is(tmp_path, english, korean, lost):
     assert any(lost in p.detail for p in found), found
 
 
+def test_a_bold_bare_address_must_be_kept_but_not_the_bold_around_it():
+    assert checks.kept("Open **https://ui.perfetto.dev**: drop the trace.", "**https://ui.perfetto.dev**에서 여세요.") == []
+    assert checks.kept("Open **https://ui.perfetto.dev**: drop the trace.", "Perfetto에서 여세요.") == \
+        ["the link 'https://ui.perfetto.dev'"]
+
+
 def test_a_terms_spelling_variants_count_and_a_call_of_the_same_name_does_not():
     terms = {"mixed precision": "혼합 정밀도", "bubble": "버블"}
     assert checks.term_misses("Train in mixed-precision.", "그냥 학습합니다.", terms) == \
