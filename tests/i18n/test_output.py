@@ -124,6 +124,11 @@ def test_a_broken_translation_never_breaks_the_print(lab):
     assert _printed(matcher, (("mode:", "cpu", "| threads:", 2), {}), (("odd 1",), {})) == \
         "mode: cpu | threads: 2\nodd 1\n"
 
+    class Failing(templates.Matcher):
+        def translate(self, text, nested=False):
+            raise RuntimeError("a bug in the matcher")
+    assert _printed(Failing({}, {}), (("mode:", "cpu"), {})) == "mode: cpu\n", "the line comes out in English"
+
 
 @pytest.mark.timeout(120)
 def test_a_kernel_started_in_korean_prints_a_labs_line_in_korean():
