@@ -182,13 +182,23 @@ def graded(tmp_path_factory: pytest.TempPathFactory):
     plan = isolation.detect()
     limits = Limits(wall_s=300, cell_timeout_s=60, memory_mb=1536, allow_weaker=bool(plan.off()))
     rows = {r.student: r for r in grade(course, LAB, jobs=2, limits=limits, progress=False, plan=plan)}
-    if rows["honest"].score < 4 and _over_the_limit(course, "honest"):
+    if rows["honest"].score < 4 and (_over_the_limit(course, "honest") or _only_timed(course, "honest")):
         # The test machine itself was busier than the grader allows for (LOAD_LIMIT) while the honest
         # notebook ran and not while the reference did (the other test worker starting a lab's
-        # grading, CI saw 2.3x): that is outside the grader's promise, so the class is graded again
-        # once, with a new seed. A failure for any other reason is not retried.
+        # grading, CI saw 2.3x), or it lent the honest kernel's timed runs one core where the
+        # reference's had two (CI saw 1.05x against the reference's 2.21x, under the load limit):
+        # that is outside the grader's promise, so the class is graded again once, with a new seed,
+        # as the lab pipelines are. A failure for any other reason is not retried.
         rows = {r.student: r for r in grade(course, LAB, jobs=2, limits=limits, progress=False, plan=plan, fresh=True)}
     return course, rows
+
+
+def _only_timed(course: Path, student: str) -> bool:
+    """Whether ``student``'s graded notebook failed, and only on the checks the grader timed."""
+    nb = nbformat.read(str(course / "autograded" / student / LAB / f"{LAB}.ipynb"), as_version=4)
+    failed = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    return bool(failed) and all(o.get("ename") == "GradingError" and "timed by the grader" in o.get("evalue", "")
+                                for o in failed)
 
 
 def _over_the_limit(course: Path, student: str) -> bool:
