@@ -93,10 +93,13 @@ def _data(features: int = 8, classes: int = 8, seed: int = 1, num_samples: int =
 
 
 def zero1_tolerance(world_size: int) -> float:
-    """How far training on ranks may drift from one process: float32 sums in another order."""
-    from gpulab.parallel import resolve_backend
-
-    return 1e-5 if resolve_backend("auto", world_size) == "gloo" else 1e-4
+    """How far training on ranks may drift from one process: float32 sums in another order. Mostly
+    1e-7 to 3e-7 (12 seeds, gloo, 3 ranks, 3 AdamW steps), but CI once saw 4.7e-5 on 1 of 427
+    elements: a gradient whose terms nearly cancel differs relatively much between the orders, and
+    Adam divides it by its own tiny RMS. A wrong shard or step is off by about the learning rate
+    (0.05), so 1e-4 on every backend still refuses it."""
+    del world_size  # the same on gloo and NCCL
+    return 1e-4
 
 
 # --- exercise 1: the partition ---------------------------------------------------------------------
