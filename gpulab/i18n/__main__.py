@@ -32,6 +32,13 @@ def _glossary(lang: str) -> Path:
     return REPO / "docs" / "i18n" / f"{lang}-glossary.md"
 
 
+def _update(source: Path, po: Path, lang: str, items, course: Path) -> None:
+    changes = catalog.update(source, po, lang, items=items)
+    if changes:
+        print(f"{po.relative_to(course)}: {len(changes.added)} new, {len(changes.changed)} changed "
+              f"(flagged fuzzy), {len(changes.removed)} removed")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpulab.i18n", description=__doc__)
     parser.add_argument("command", choices=("update", "check", "build"))
@@ -57,16 +64,9 @@ def main(argv: list[str] | None = None) -> int:
                 po = where(course, args.lang, nb.stem)
                 if not po.exists() and (not (args.new or args.lab) or not items(nb)):
                     continue  # no catalogue asked for, or nothing to translate
-                changes = catalog.update(nb, po, args.lang, items=items)
-                if changes:
-                    print(f"{po.relative_to(course)}: {len(changes.added)} new, {len(changes.changed)} changed "
-                          f"(flagged fuzzy), {len(changes.removed)} removed")
+                _update(nb, po, args.lang, items, course)
         if not args.lab:  # the kit's own texts: the judge's verdicts
-            po = messages.judge_path(course, args.lang)
-            changes = catalog.update(messages.JUDGE, po, args.lang, items=messages.judge_cells)
-            if changes:
-                print(f"{po.relative_to(course)}: {len(changes.added)} new, {len(changes.changed)} changed "
-                      f"(flagged fuzzy), {len(changes.removed)} removed")
+            _update(messages.JUDGE, messages.judge_path(course, args.lang), args.lang, messages.judge_cells, course)
         print("translate the new entries and revise the fuzzy ones (their old English is in the #| lines), "
               "then make i18n-check")
         return 0
