@@ -52,7 +52,7 @@ import requests
 
 from gpulab.hub import limits, site, users
 
-from .common import CHROMIUM, CHROMIUM_ARGS, REPO, assert_validate_passed, free_port, solutions, wait
+from .common import CHROMIUM, CHROMIUM_ARGS, REPO, assert_validate_passed, clear_dialogs, free_port, solutions, wait
 
 ARTIFACTS = REPO / "test-artifacts" / "hub"
 LAB = "00_setup"
@@ -471,7 +471,10 @@ def test_the_doctor_in_each_server_reports_its_share(hub: Hub, browser) -> None:
         try:
             s.open_notebook("doctor.ipynb")
             out = s.panel().locator(".jp-OutputArea-output", has_text="enforced by the OS")
+            dialogs = []
             for _ in range(4):  # a run sent while the kernel's connection settles can be lost: send it again
+                # a dialog over the page (CI once had one for 90 s) would take the click
+                dialogs += clear_dialogs(s.page, f"{user}'s doctor.ipynb")
                 s.panel().locator(".jp-Cell .cm-content").first.click()
                 s.page.keyboard.press("Control+Enter")
                 try:
@@ -479,7 +482,11 @@ def test_the_doctor_in_each_server_reports_its_share(hub: Hub, browser) -> None:
                     break
                 except sync_api.TimeoutError:
                     continue
-            out.first.wait_for(timeout=30_000)
+            try:
+                out.first.wait_for(timeout=30_000)
+            except sync_api.TimeoutError:
+                _shot(s.page, f"4-doctor-{user}-failed")
+                raise AssertionError(f"{user}'s doctor printed no report in 150 s; dialogs answered: {dialogs}")
             text = s.panel().locator(".jp-OutputArea").first.inner_text()
             if user == next(iter(STUDENTS)):
                 _shot(s.page, "4-doctor-share")

@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import time
+import warnings
 from pathlib import Path
 
 import nbformat
@@ -38,6 +39,33 @@ def wait(condition, timeout: float, what: str, every: float = 0.2):
         if time.monotonic() > end:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(every)
+
+
+def clear_dialogs(page, where: str) -> list[str]:
+    """Answer any JupyterLab dialog over ``page``, so that a click meant for the notebook lands.
+
+    "Select Kernel" is answered with its default (the notebook's own kernel). Any other dialog
+    (a kernel that died and restarts, a lost server connection, a file changed on disk) is
+    accepted with its default button and reported as a warning, which pytest prints even when the
+    test passes: the test goes on to check what it checks, and CI's log says what the page asked.
+    Returns the texts of the dialogs answered."""
+    seen = []
+    for _ in range(5):
+        dialog = page.locator(".jp-Dialog").last
+        if not dialog.count() or not dialog.is_visible():
+            break
+        text = " ".join(dialog.inner_text().split())
+        seen.append(text)
+        if "Select Kernel" not in text:
+            warnings.warn(f"{where}: JupyterLab showed a dialog, accepted with its default: {text[:500]!r}",
+                          stacklevel=2)
+        accept = dialog.locator(".jp-Dialog-button.jp-mod-accept")
+        try:
+            (accept.last if accept.count() else dialog.get_by_role("button").last).click(timeout=5_000)
+            dialog.wait_for(state="detached", timeout=5_000)
+        except Exception:  # a dialog that closed on its own, or will not: Escape, look again
+            page.keyboard.press("Escape")
+    return seen
 
 
 def written_answers(lab_id: str) -> int:
