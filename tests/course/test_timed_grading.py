@@ -182,13 +182,16 @@ def graded(tmp_path_factory: pytest.TempPathFactory):
     plan = isolation.detect()
     limits = Limits(wall_s=300, cell_timeout_s=60, memory_mb=1536, allow_weaker=bool(plan.off()))
     rows = {r.student: r for r in grade(course, LAB, jobs=2, limits=limits, progress=False, plan=plan)}
-    if rows["honest"].score < 4 and (_over_the_limit(course, "honest") or _only_timed(course, "honest")):
+    for _ in range(2):
+        if not (rows["honest"].score < 4 and (_over_the_limit(course, "honest") or _only_timed(course, "honest"))):
+            break
         # The test machine itself was busier than the grader allows for (LOAD_LIMIT) while the honest
         # notebook ran and not while the reference did (the other test worker starting a lab's
         # grading, CI saw 2.3x), or it lent the honest kernel's timed runs one core where the
         # reference's had two (CI saw 1.05x against the reference's 2.21x, under the load limit):
-        # that is outside the grader's promise, so the class is graded again once, with a new seed,
-        # as the lab pipelines are. A failure for any other reason is not retried.
+        # that is outside the grader's promise, so the class is graded again, at most twice (once was
+        # not enough in CI /check29, with the other test worker grading a lab beside both), with a new seed, as
+        # the lab pipelines are. A failure for any other reason is not retried.
         rows = {r.student: r for r in grade(course, LAB, jobs=2, limits=limits, progress=False, plan=plan, fresh=True)}
     return course, rows
 
