@@ -22,7 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import COURSE
+from conftest import COURSE, failed_only_timed_checks
 
 from gpulab.confine import isolation
 from gpulab.course.grade import grade, scores_from_gradebook
@@ -56,14 +56,6 @@ def _errors(nb_path: Path) -> list[tuple[int, str, str]]:
             if o.output_type == "error":
                 out.append((i, o.ename, o.evalue[:300]))
     return out
-
-
-def _only_speed_verdicts(folder: Path) -> bool:
-    """Whether the graded notebooks in ``folder`` failed, and only on timed checks (the grader's
-    verdict on a speed check says it was "timed by the grader")."""
-    failed = [o for nb in folder.glob("*.ipynb") for c in nbformat.read(str(nb), as_version=4).cells
-              if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
-    return bool(failed) and all(o.ename == "GradingError" and "timed by the grader" in o.evalue for o in failed)
 
 
 def _manual_points(course: Path, lab: str, student: str) -> float:
@@ -117,7 +109,7 @@ def test_lab_pipeline(lab: str, tmp_path: Path, record_property) -> None:
                                         plan=_plan())}
     timings["graded (reference, source, release)"] = time.perf_counter() - t0
     for attempt in (1, 2):
-        if not _only_speed_verdicts(course / "autograded" / "solution" / lab):
+        if not failed_only_timed_checks(course / "autograded" / "solution" / lab):
             break
         # The source failed nothing but timed checks: the other test worker's load changed between the
         # reference run and the source's by more than the grader allows for (a speed verdict's promise

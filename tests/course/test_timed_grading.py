@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import COURSE
+from conftest import COURSE, failed_only_timed_checks
 
 from gpulab.confine import isolation
 from gpulab.course.grade import grade
@@ -183,7 +183,8 @@ def graded(tmp_path_factory: pytest.TempPathFactory):
     limits = Limits(wall_s=300, cell_timeout_s=60, memory_mb=1536, allow_weaker=bool(plan.off()))
     rows = {r.student: r for r in grade(course, LAB, jobs=2, limits=limits, progress=False, plan=plan)}
     for _ in range(2):
-        if not (rows["honest"].score < 4 and (_over_the_limit(course, "honest") or _only_timed(course, "honest"))):
+        if rows["honest"].score == 4 or not (_over_the_limit(course, "honest")
+                                             or failed_only_timed_checks(course / "autograded" / "honest" / LAB)):
             break
         # The test machine itself was busier than the grader allows for (LOAD_LIMIT) while the honest
         # notebook ran and not while the reference did (the other test worker starting a lab's
@@ -194,14 +195,6 @@ def graded(tmp_path_factory: pytest.TempPathFactory):
         # the lab pipelines are. A failure for any other reason is not retried.
         rows = {r.student: r for r in grade(course, LAB, jobs=2, limits=limits, progress=False, plan=plan, fresh=True)}
     return course, rows
-
-
-def _only_timed(course: Path, student: str) -> bool:
-    """Whether ``student``'s graded notebook failed, and only on the checks the grader timed."""
-    nb = nbformat.read(str(course / "autograded" / student / LAB / f"{LAB}.ipynb"), as_version=4)
-    failed = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    return bool(failed) and all(o.get("ename") == "GradingError" and "timed by the grader" in o.get("evalue", "")
-                                for o in failed)
 
 
 def _over_the_limit(course: Path, student: str) -> bool:
