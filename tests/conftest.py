@@ -25,7 +25,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from gpulab.devices import cuda_device_count
@@ -40,15 +39,6 @@ LAB_COST = {"10_search": 211, "11_tensor_parallel": 109, "02_pipeline": 72, "03_
             "05_balanced": 27, "04_dataparallel": 22, "00_setup": 15}
 NOTEBOOKS = "tests/test_notebooks.py"  # one test per lab: each lab a scope of its own
 HEAVY_FILES = (NOTEBOOKS, "tests/test_grading_class.py")
-
-
-def failed_only_timed_checks(folder: Path) -> bool:
-    """Whether the graded notebooks in ``folder`` failed, and only on the checks the grader timed
-    (its verdict on a speed check says "timed by the grader"): the tests that grade a lab or a class
-    grade it again for that, the test machine's own load, and for nothing else."""
-    failed = [o for nb in folder.glob("*.ipynb") for c in nbformat.read(str(nb), as_version=4).cells
-              if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
-    return bool(failed) and all(o.ename == "GradingError" and "timed by the grader" in o.evalue for o in failed)
 
 
 def _order(item) -> tuple[int, float]:

@@ -19,7 +19,7 @@ import nbformat
 from conftest import COURSE, REPO
 
 PACKAGE = REPO / "gpulab"
-GRADERS = ("gpulab.grading", "gpulab.course", "gpulab.confine")
+GRADERS = ("gpulab.grading", "gpulab.verdict", "gpulab.course", "gpulab.confine")
 MAX_LOOSE_MODULES = 4
 
 

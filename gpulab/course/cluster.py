@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from gpulab.confine import isolation, jail
 from gpulab.course import integrity, links, mask, students
+from gpulab.course.limits import measure_lock_file
 from gpulab.course.sandbox import LabRun, Limits, SandboxResult, grade_safely, grading_root
 from gpulab.labs import LABS
 
@@ -116,7 +117,8 @@ def grade_bundle(shared: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
         binds = mask.write_masks(mask.lab_references(lab), root / "masks" / lab) if plan.namespaces else []
         secrets = jail.repository_secrets(course) if limits.confine_reads else []
         result = grade_safely(course, template, b["specs"], lab, student, root / lab / students.alias(student),
-                               limits, threading.Event(), plan, secrets, LabRun(lab, b["seed"], expected, binds))
+                               limits, threading.Event(), plan, secrets,
+                               LabRun(lab, b["seed"], expected, binds, measure_lock_file()))
         if plan.note():
             result.notes.append(f"{plan.note()} (node {node})")
         result.node = node

@@ -8,20 +8,23 @@ this process, which the kernel cannot reach, writes each test cell's verdict.
    output; after a kernel that died or ignored the time limit, the remaining cells are marked
    :data:`NOT_RUN` (an un-run test cell with no output would otherwise get *full* marks);
 2. take the evidence the cell sent (:mod:`gpulab.grading.evidence`) out of its outputs;
-3. time each timed check from this side (:func:`gpulab.course.judge.schedule`);
+3. measure each measured check from this side (:meth:`SandboxedExecute._measured_runs`): one
+   request per run, on a seed revealed only then, one grading job's measured runs at a time;
 4. in a test cell, keep the evidence as the expected values (``reference`` mode) or judge it
-   against them (``graded``, :func:`gpulab.course.judge.judge_cell`), and rewrite the cell's
+   against them (``graded``, :func:`gpulab.verdict.cell.judge_cell`), and rewrite the cell's
    outputs so that nbgrader scores the verdict: a failing cell starts with a ``GradingError``
    output; a passing one holds no error and no stderr, whatever the kernel printed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
 from queue import Empty
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import psutil
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -31,11 +34,14 @@ from nbgrader.preprocessors import Execute
 from traitlets import Integer, Unicode
 
 from gpulab.confine.isolation import kill_marked
+from gpulab.confine.meter import KernelMeter
 from gpulab.course import links
 from gpulab.course.execution import after_timeout
-from gpulab.course.judge import Expected, Runs, judge_cell, probe_seconds, run_seeds, schedule
+from gpulab.course.expected import Expected
 from gpulab.course.kernel import MAX_MESSAGE_BYTES, JailedKernelManager
 from gpulab.grading.evidence import MIME
+from gpulab.verdict.cell import MeasuredRuns, judge_cell, measured_seeds
+from gpulab.verdict.rules import Measurement
 
 # enames written into the notebook, and a marker in a capped cell: gpulab.course.notes reads them.
 KERNEL_DIED = "DeadKernelError"
@@ -60,9 +66,12 @@ class SandboxedExecute(Execute):
 
     mode = Unicode("graded", help="'graded': judge each test cell against `expected`; 'reference': record the "
                                   "evidence as the expected values (into `reference_out`)").tag(config=True)
-    expected = Unicode("", help="the reference run of this lab (gpulab.course.judge.Expected, JSON)").tag(config=True)
+    expected = Unicode("", help="the reference run of this lab (gpulab.course.expected.Expected, JSON)").tag(config=True)
     reference_out = Unicode("", help="reference mode: where to write the expected values").tag(config=True)
-    timing_secret = Unicode("", help="reference mode: the grading run's secret, for the timed runs' seeds").tag(config=True)
+    timing_secret = Unicode("", help="reference mode: the grading run's secret, for the measured runs' seeds").tag(config=True)
+    measure_lock = Unicode("", help="a file every grading job of this machine locks while it measures a kernel's "
+                                    "runs, so that one job's measured runs never share the machine with another's").tag(config=True)
+    kernel_cgroup = Unicode("", help="the kernel's cgroup folder (its cpu.stat), for measured runs").tag(config=True)
     interrupt_grace = Integer(
         10, help="seconds a kernel has to stop after a cell hits the timeout, before it is killed").tag(config=True)
     clean_dir = Unicode("", help="the kernel's folder: links, FIFOs, devices and hard links are removed from it "
@@ -239,18 +248,20 @@ class SandboxedExecute(Execute):
         if self.mode == "reference":
             entries = []
             for k, rec in enumerate(records):
-                if isinstance(rec, dict) and rec.get("kind") == "timed":
+                if isinstance(rec, dict) and rec.get("kind") == "measured":
                     spec = rec.get("spec", {})
-                    seeds = run_seeds(self.timing_secret, self._notebook, gid, k, int(spec.get("warmup", 1)),
-                                             int(spec.get("repeats", 3)))
-                    runs = self._timed_runs(rec.get("id"), seeds) if self._stopped is None else Runs(error="stopped")
-                    entries.append({"kind": "timed", "spec": spec, "seeds": seeds, "runs": runs.to_json()})
+                    seeds = measured_seeds(self.timing_secret, self._notebook, gid, k,
+                                           int(spec.get("warmup", 1)) + int(spec.get("repeats", 1)))
+                    runs = self._measured_runs(rec.get("id"), seeds, int(spec.get("warmup", 1))) \
+                        if self._stopped is None else MeasuredRuns(error="stopped")
+                    entries.append({"kind": "measured", "spec": spec, "seeds": seeds, "runs": runs.to_json()})
                 else:
                     entries.append(rec)
             reference = {"entries": entries, "error": error}
             self._recorded[gid] = reference
-            runs = {n: Runs.from_json(e["runs"]) for n, e in enumerate(entries) if e.get("kind") == "timed"}
-            result = judge_cell(reference, entries, runs, error)
+            result = judge_cell(reference, [{"kind": e.get("kind"), "value": e.get("value")} for e in entries],
+                                {n: MeasuredRuns.from_json(e["runs"]) for n, e in enumerate(entries)
+                                 if e.get("kind") == "measured"}, error)
         else:
             reference = self._expected.cell(self._notebook, gid) if self._expected else None
             if reference is None:
@@ -258,9 +269,10 @@ class SandboxedExecute(Execute):
                 return
             runs = {}
             for n, (rec, entry) in enumerate(zip(records, reference["entries"])):
-                if isinstance(rec, dict) and rec.get("kind") == "timed" and entry.get("kind") == "timed" \
+                if isinstance(rec, dict) and rec.get("kind") == "measured" and entry.get("kind") == "measured" \
                         and self._stopped is None:
-                    runs[n] = self._timed_runs(rec.get("id"), entry["seeds"])
+                    spec = entry.get("spec", {})
+                    runs[n] = self._measured_runs(rec.get("id"), entry["seeds"], int(spec.get("warmup", 1)))
             result = judge_cell(reference, records, runs, error, self._lang)
         self._write(cell, result.passed, result.message, result.figures, result.note)
 
@@ -294,36 +306,46 @@ class SandboxedExecute(Execute):
             kept.insert(0, error_output(VERDICT, message or "failed"))
         cell.outputs = kept
 
-    # ---- timed runs: requests the grader times with its own clock ----
+    # ---- measured runs: requests the grader measures from outside the kernel ----
 
-    def _timed_runs(self, ident: Any, seeds: dict[str, list[int]]) -> Runs:
-        runs = Runs(cpus=len(os.sched_getaffinity(0)))
+    def _measured_runs(self, ident: Any, seeds: list[int], warmup: int) -> MeasuredRuns:
+        """Run the kernel's measured work ``ident`` once per seed (the first ``warmup`` unmeasured),
+        each in a request of its own, and measure each from here: this process's clock and the
+        kernel's counters (:class:`gpulab.confine.meter.KernelMeter`). The machine-wide
+        :attr:`measure_lock` is held meanwhile."""
+        runs = MeasuredRuns()
         if not isinstance(ident, int) or isinstance(ident, bool) or not 0 <= ident < 10_000:
-            runs.error = "the cell announced its timed work with a malformed id"
+            runs.error = "the cell announced its measured work with a malformed id"
             return runs
-        for role, seed, timed in schedule(seeds):
-            if timed:  # the machine's load now, timed in this process (see gpulab.course.judge.load_factor)
-                runs.probes.append(probe_seconds())
-            code = f"__import__('gpulab.grading.evidence', fromlist=['run_timed']).run_timed({ident}, {role!r}, {seed})"
-            try:
-                wall, reply, records = run_sync(self._async_request)(code)
-            except DeadKernelError:
-                self._stopped = "the kernel died during a timed run"
-                runs.error = "the kernel died during a timed run"
-                return runs
-            if reply is None:
-                runs.error = f"the {role} run did not finish within {max(30, self.timeout or 0)} s"
-                return runs
-            if reply.get("status") != "ok":
-                runs.error = f"the {role} run raised {str(reply.get('ename'))[:100]}: {str(reply.get('evalue'))[:500]}"
-                return runs
-            results = [r for r in records if isinstance(r, dict) and r.get("kind") == "result" and "value" in r]
-            if len(results) != 1:
-                runs.error = f"the {role} run sent {len(results)} results instead of one"
-                return runs
-            if timed:
-                runs.times[role].append(wall)
-                runs.results[role].append(results[0]["value"])
+        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
+        meter = KernelMeter(pid, self.kernel_cgroup or None) if pid else None
+        with _held(self.measure_lock, max(60, 4 * (self.timeout or 0))):
+            for i, seed in enumerate(seeds):
+                code = f"__import__('gpulab.grading.evidence', fromlist=['run_measured']).run_measured({ident}, {seed})"
+                before = meter.read() if meter else None
+                try:
+                    wall, reply, records = run_sync(self._async_request)(code)
+                except DeadKernelError:
+                    self._stopped = "the kernel died during a measured run"
+                    runs.error = "the kernel died during a measured run"
+                    return runs
+                used = meter.read() - before if meter else None
+                if reply is None:
+                    runs.error = f"a measured run did not finish within {max(30, self.timeout or 0)} s"
+                    return runs
+                if reply.get("status") != "ok":
+                    runs.error = f"a measured run raised {str(reply.get('ename'))[:100]}: {str(reply.get('evalue'))[:500]}"
+                    return runs
+                results = [r for r in records if isinstance(r, dict) and r.get("kind") == "result" and "value" in r]
+                if len(results) != 1:
+                    runs.error = f"a measured run sent {len(results)} results instead of one"
+                    return runs
+                if i < warmup:
+                    continue
+                counts = {} if used is None else {k: getattr(used, k) for k in
+                                                  ("cpu_s", "read_chars", "read_calls", "read_bytes", "write_chars")}
+                runs.measurements.append(Measurement(wall, **counts))
+                runs.results.append(results[0]["value"])
         return runs
 
     async def _async_request(self, code: str) -> tuple[float, dict[str, Any] | None, list[Any]]:
@@ -392,6 +414,35 @@ class SandboxedExecute(Execute):
                 proc.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+@contextlib.contextmanager
+def _held(path: str, wait_s: float) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (if given): concurrent grading jobs measure one at a time.
+    After ``wait_s`` without it (a job that holds it far too long), measure anyway."""
+    if not path:
+        yield
+        return
+    try:
+        fh = open(path, "a+")
+    except OSError:
+        yield
+        return
+    with fh:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    yield
+                    return
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _make_room(folder: str, keep: set[str]) -> list[str]:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from gpulab.confine import isolation, jail
 from gpulab.course import cluster, gradebook, integrity, mask, students
+from gpulab.course.limits import measure_lock_file
 from gpulab.course.mask import lab_references
 from gpulab.course.nbgrader_cli import find_labs, nbgrader
 from gpulab.course.reference import ReferenceError, run_reference
@@ -150,12 +151,13 @@ def _pool(slots: list[list[int]]) -> ThreadPoolExecutor:
 def prepare_lab(course: Path, lab: str, root: Path, seed: int, secret: str, limits: Limits,
                 plan: isolation.Plan) -> LabRun:
     """The lab's reference run and masks for this grading run (raises ReferenceError)."""
+    lock = measure_lock_file()
     expected = run_reference(course, lab, root / "reference" / lab, seed, secret, limits.cell_timeout_s,
-                             limits.threads)
+                             limits.threads, measure_lock=lock)
     binds = mask.write_masks(lab_references(lab), root / "masks" / lab) if plan.namespaces else []
     path = root / "reference" / lab / "expected.json"
     print(f"reference run of {lab}: {expected.seconds:.0f} s on {expected.cpus} CPU(s)", flush=True)
-    return LabRun(lab, seed, path, binds)
+    return LabRun(lab, seed, path, binds, lock)
 
 
 def fingerprint(folder: Path) -> str:

@@ -76,6 +76,22 @@ class LabRun:
     seed: int
     expected: Path
     binds: list[tuple[Path, Path]] = field(default_factory=list)
+    measure_lock: str = ""  # the machine's lock for measured runs (measure_lock_file)
+
+
+MEASURE_DIR = Path("/var/tmp/gpulab-measure")
+
+
+def measure_lock_file(folder: Path = MEASURE_DIR) -> str:
+    """The lock every grading job of this machine holds while it measures a kernel's runs (its
+    folder, readable by root only, is bound into each sandbox); '' where it cannot be made."""
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        lock = folder / "lock"
+        lock.touch(exist_ok=True)
+        return str(lock)
+    except OSError:
+        return ""
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """The reference run: a lab's source notebook, once per grading run, in a kernel that never ran a
-student's code, on this run's seed. Its checks send the expected values: literals of the visible
-tests, and :func:`gpulab.grading.by_reference` values from gpulab's references (masked in the
-students' kernels). The solution's own values are judged against them too: a source notebook that
-fails its own tests stops the grading of its lab (:meth:`gpulab.course.judge.Expected.problems`).
+student's code, on this run's seed. Its checks send the expected side: the solution's own value of
+every check (the same hidden test, run against the solution), and the literals of the visible
+tests. The solution is held to those literals and to its rules: a source notebook that fails its
+own tests stops the grading of its lab (:meth:`Expected.problems`).
 
 The kernel runs in a child process with the thread count and CPU set of a student's kernel, so the
-timed checks' reference figures are measured on the same share of the machine.
+measured checks' reference figures are measured on the same share of the machine.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpulab.course.judge import Expected
+from gpulab.course.expected import Expected
 from gpulab.course.nbgrader_cli import nbgrader_env
 
 
@@ -36,7 +36,7 @@ def kernel_env(seed: int, threads: int | None, mode: str = "reference") -> dict[
 
 
 def run_reference(course: Path, lab: str, work: Path, seed: int, secret: str, cell_timeout: int | None = None,
-                  threads: int | None = None, timeout_s: float = 1800) -> Expected:
+                  threads: int | None = None, timeout_s: float = 1800, measure_lock: str = "") -> Expected:
     """Run the reference kernel of ``lab`` in ``work`` and return its expected values (ReferenceError
     when the run fails, or the source notebook fails its own tests)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -49,6 +49,8 @@ def run_reference(course: Path, lab: str, work: Path, seed: int, secret: str, ce
     env.pop("GPULAB_GRADING")  # the runner itself is not a kernel; it sets the mode for its kernel
     if threads:
         cmd += ["--threads", str(threads)]
+    if measure_lock:
+        cmd += ["--measure-lock", measure_lock]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
@@ -87,6 +89,7 @@ def _child(args: argparse.Namespace) -> int:
     for path in sorted(run.glob("*.ipynb")):
         nb = nbformat.read(str(path), as_version=4)
         ep = SandboxedExecute(mode="reference", reference_out=str(raw), timing_secret=args.secret,
+                              measure_lock=args.measure_lock,
                               timeout=args.cell_timeout, interrupt_on_timeout=True, allow_errors=True)
         from jupyter_client import AsyncKernelManager
 
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--secret", required=True)
     p.add_argument("--cell-timeout", type=int, default=300)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--measure-lock", default="", help="the machine's lock for measured runs")
     return _child(p.parse_args(argv))
 
 

@@ -52,6 +52,8 @@ c.SandboxedExecute.clean_dir = {work!r}
 c.SandboxedExecute.clean_log = {clean_log!r}
 c.SandboxedExecute.mode = "graded"
 c.SandboxedExecute.expected = {expected!r}
+c.SandboxedExecute.measure_lock = {measure_lock!r}
+c.SandboxedExecute.kernel_cgroup = {kernel_cgroup!r}
 # The outputs are collected by then; a graceful kernel shutdown only adds about 2 s per submission.
 c.Execute.shutdown_kernel = "immediate"
 """
@@ -147,6 +149,8 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
             sub.binds = [(str(a), str(b)) for a, b in run.binds]
     if sub is not None:
         sub.visible = [str(box.parent.parent)]  # the grading folder; nothing else of the machine but the system
+        if run is not None and run.measure_lock:  # the machine-wide lock of measured runs
+            sub.visible.append(str(Path(run.measure_lock).parent))
         if sub.plan.namespaces:  # what the kernel writes counts against caps of its own, not the grading disk
             student_dir = box / "autograded" / student
             sub.quotas = [f"{d}:{limits.disk_mb}:{limits.files_max}" for d in (student_dir, tmp)]
@@ -175,7 +179,9 @@ def prepare(course: Path, template_db: Path, specs: dict[str, integrity.Notebook
                                expected=str(box / "expected.json"), kernel_prefix=prefix,
                                audit_log=str(box / "writes.jsonl"),
                                kernel_uid=sub.uid if sub is not None and sub.uid is not None else -1,
-                               max_output_kb=limits.max_output_kb)
+                               max_output_kb=limits.max_output_kb,
+                               measure_lock=run.measure_lock if run is not None else "",
+                               kernel_cgroup=(sub.kernel_cgroup_dirs() or [""])[0] if sub is not None else "")
     if limits.cell_timeout_s is not None:
         tail += f"c.Execute.timeout = {int(limits.cell_timeout_s)}\n"
     (box / "nbgrader_config.py").write_text((course / "nbgrader_config.py").read_text() + tail)

@@ -3,32 +3,34 @@
 - :mod:`~gpulab.grading.checks`: :class:`GradingError` and the ``check_*`` helpers (re-exported
   here, so test cells write ``grading.check_close(...)``). Interactively they decide at once;
   under ``make grade`` they only send evidence, and the grader decides outside the kernel
-  (:mod:`~gpulab.grading.evidence`, :mod:`~gpulab.grading.judge`).
-- :func:`by_reference`, :func:`seed`, :func:`rng`: expected values computed only in the reference
-  kernel, and inputs drawn from the grading run's seed.
-- :func:`check_speedup` (:mod:`~gpulab.grading.speedup`): a speed-up the grader times itself.
+  (:mod:`~gpulab.grading.evidence`, :mod:`~gpulab.verdict.check`).
+- :func:`seed`, :func:`rng`: inputs drawn from the grading run's seed. A hidden test sends only
+  what the student's code made of them; the same test run against the solution in the reference
+  kernel gives the expected side (:mod:`~gpulab.grading.checks`).
+- :func:`check_rule`: a property judged by a rule of :mod:`gpulab.verdict` (several right answers).
+- :func:`check_measured` (:mod:`~gpulab.grading.measured`): the cost of a piece of work, measured
+  by the grader from outside the kernel and judged by a rule.
 - ``gpulab.grading.labNN``: one module per lab with the graders its hidden tests call, and a
   public ``REFERENCES`` tuple: gpulab's reference implementations of that lab's exercises, which
   are masked in the student's kernel while it is graded (:mod:`gpulab.course.mask`).
 
 The library (instruments and references) never imports this package; it imports the library.
-Importing it does not import torch: the grader's own process uses :mod:`~gpulab.grading.judge`.
+Importing it does not import torch: the grader's own process uses :mod:`gpulab.verdict`.
 """
 
 from gpulab.grading.checks import (
     GradingError,
-    by_reference,
     catch,
     check,
     check_between,
     check_close,
     check_equal,
     check_raises,
-    check_ratio,
+    check_rule,
     check_shape,
 )
 from gpulab.grading.evidence import rng, seed
-from gpulab.grading.speedup import check_speedup
+from gpulab.grading.measured import check_measured
 
-__all__ = ["GradingError", "catch", "check", "check_equal", "check_close", "check_shape", "check_between", "check_ratio",
-           "check_raises", "by_reference", "seed", "rng", "check_speedup"]
+__all__ = ["GradingError", "catch", "check", "check_equal", "check_close", "check_shape", "check_between", "check_rule",
+           "check_raises", "seed", "rng", "check_measured"]

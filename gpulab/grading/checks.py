@@ -1,58 +1,81 @@
 """Checks for the notebooks' graded test cells: one call, three behaviours.
 
-Each ``check_*`` takes what the student's code produced and what is expected, with a ``what``
-(what is checked) and a ``hint`` (where to look). What it does depends on where the cell runs
+Each ``check_*`` takes what the student's code produced, with a ``what`` (what is checked) and a
+``hint`` (where to look). What it does depends on where the cell runs
 (:func:`gpulab.grading.evidence.mode`):
 
-- **interactively** (Run All, Validate, ``make check``) it compares now and raises
-  :class:`GradingError` (an ``AssertionError``, so nbgrader scores the cell zero) with a message
-  that says what was checked, what came out, and the hint;
-- in the **student's graded kernel** it only sends the student's value to the grader, and decides
-  nothing; an expected value given as :func:`~gpulab.grading.evidence.by_reference` is not even
-  computed there;
-- in the **reference kernel** it sends the check, the expected value and the solution's value.
+- **interactively** (Run All, Validate, ``make check``) it compares with the ``expected`` value
+  written in the visible test and raises :class:`GradingError` (an ``AssertionError``, so
+  nbgrader scores the cell zero) with a message that says what was checked, what came out, and
+  the hint;
+- in the **student's graded kernel** it only sends the student's value to the grader; nothing
+  there holds, computes or receives the answer;
+- in the **reference kernel** (the lab's source notebook, run once per ``make grade``) it sends
+  the check itself and the solution's value: **that value is the expected one**. A visible test's
+  literal ``expected`` is sent too, and the solution is held to it.
 
-The grader compares the two in its own process with :func:`gpulab.grading.judge.verdict`, the
-same function that decides here interactively, so the messages are the same everywhere.
+A hidden test therefore names no expected value at all: it runs the student's code on inputs from
+this run's seed and sends what came out, and the same line, run against the solution in the
+reference kernel, gives the other side::
 
-Example (a test cell)::
+    grading.check_equal(to_device(batch, meta), what="random nested batch moved to meta")
 
-    from gpulab import grading
-    grading.check_equal(place_ranks(m, 3), ["cuda:0", "cuda:1", "cuda:0"], what="3 ranks, 2 GPUs")
-    ### BEGIN HIDDEN TESTS
-    m = MachineSpec(grading.rng("m").randint(1, 8), True, True)        # inputs from this run's seed
-    grading.check_equal(place_ranks(m, 5), grading.by_reference(ref.place_ranks, m, 5), what=...)
+Where several answers are right (a placement, a schedule), :func:`check_rule` names a rule of
+:mod:`gpulab.verdict` that the grader applies to both sides. The grader decides in its own
+process with :func:`gpulab.verdict.check.verdict`, the function that decides here interactively,
+so the messages are the same everywhere.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from gpulab.grading import evidence, judge
-from gpulab.grading.evidence import GRADED, REFERENCE, by_reference, encode
+from gpulab.grading import evidence
+from gpulab.grading.evidence import GRADED, INTERACTIVE, REFERENCE, encode
 from gpulab.i18n import messages
+from gpulab.verdict import check as judge
+from gpulab.verdict import rules
 
-__all__ = ["GradingError", "check", "check_equal", "check_close", "check_shape", "check_between", "check_ratio",
-           "check_raises", "catch", "by_reference"]
+__all__ = ["GradingError", "check", "check_equal", "check_close", "check_shape", "check_between", "check_rule",
+           "check_raises", "catch", "NOT_GIVEN"]
 
 
 class GradingError(AssertionError):
     """A failed check; the message is written for the student."""
 
 
-def _check(spec: dict[str, Any], actual: Callable[[], Any], expected: Any = None) -> None:
-    """Send or decide one check. ``actual`` is a thunk: :func:`check_shape` sends less than the value."""
-    m = evidence.mode()
-    if m == GRADED:
-        evidence.emit({"kind": "check", "value": actual()})
-        return
-    value, want = actual(), encode(evidence.resolve(expected))
-    if m == REFERENCE:  # the reference kernel does not stop: the grader judges the solution as well
-        evidence.emit({"kind": "check", "spec": spec, "value": value, "expected": want})
-        return
-    why = judge.verdict(messages.localize(spec, messages.student_lang()), judge.decode(value), judge.decode(want))
+class _NotGiven:
+    """No expected value in the test: the reference run's value of the same check is the expected one."""
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN: Any = _NotGiven()
+
+
+def _raise(spec: dict[str, Any], why: str | None) -> None:
     if why:
         raise GradingError(why)
+
+
+def _check(spec: dict[str, Any], actual: Callable[[], Any], expected: Any = NOT_GIVEN) -> None:
+    """Send or decide one check. ``actual`` is a thunk: :func:`check_shape` sends less than the value."""
+    m = evidence.mode()
+    if m == GRADED:  # the student's value, and nothing else: the expected side is not here
+        evidence.emit({"kind": "check", "value": actual()})
+        return
+    value = actual()
+    if m == REFERENCE:  # the solution's value is the expected one; a literal of the test is kept beside it
+        record = {"kind": "check", "spec": spec, "value": value}
+        if expected is not NOT_GIVEN:
+            record["expected"] = encode(expected)
+        evidence.emit(record)
+        return
+    if expected is NOT_GIVEN:  # a hidden test run interactively (the source): nothing to compare with here
+        return
+    spec = messages.localize(spec, messages.student_lang())
+    _raise(spec, judge.verdict(spec, judge.decode(value), judge.decode(encode(expected))))
 
 
 def _spec(kind: str, what: str, hint: str, **params: Any) -> dict[str, Any]:
@@ -60,29 +83,31 @@ def _spec(kind: str, what: str, hint: str, **params: Any) -> dict[str, Any]:
 
 
 def check(condition: Any, what: str, hint: str = "") -> None:
-    """``condition`` must be true.
+    """A visible guard for the student: ``condition`` must be true, interactively.
 
-    Warning:
-        The condition is computed in the student's kernel, so on its own it proves nothing to the
-        grader: use it beside checks of values against :func:`by_reference`, never alone.
+    It is never evidence: under the grader it sends nothing and decides nothing (a boolean the
+    kernel computed proves nothing), so a cell's points always rest on value checks beside it.
     """
-    _check(_spec("true", what, hint), lambda: bool(condition))
+    if evidence.mode() == INTERACTIVE and not condition:
+        raise GradingError(judge.verdict(messages.localize(_spec("true", what, hint), messages.student_lang()), False))
 
 
-def check_equal(actual: Any, expected: Any, *, what: str, hint: str = "") -> None:
-    """Exact equality of plain values (numbers, strings, lists, dicts, tensors, dtypes)."""
+def check_equal(actual: Any, expected: Any = NOT_GIVEN, *, what: str, hint: str = "") -> None:
+    """Exact equality of plain values (numbers, strings, lists, dicts, tensors, dtypes).
+
+    ``expected`` only in a visible test; a hidden test leaves it out (see the module doc)."""
     _check(_spec("equal", what, hint), lambda: encode(actual), expected)
 
 
-def check_close(actual: Any, expected: Any, *, what: str, rtol: float | None = None, atol: float | None = None,
-                hint: str = "") -> None:
+def check_close(actual: Any, expected: Any = NOT_GIVEN, *, what: str, rtol: float | None = None,
+                atol: float | None = None, hint: str = "") -> None:
     """Tensors or numbers (or lists and dicts of them) close within tolerance, as
     ``torch.testing.assert_close`` would say (dtype and shape differences are named first)."""
     _check(_spec("close", what, hint, rtol=rtol, atol=atol), lambda: encode(actual), expected)
 
 
-def check_shape(tensor: Any, shape: Any, *, what: str, hint: str = "") -> None:
-    """``tensor`` is a tensor of this shape."""
+def check_shape(tensor: Any, shape: Any = NOT_GIVEN, *, what: str, hint: str = "") -> None:
+    """``tensor`` is a tensor of this shape (only its dtype, shape and device are sent)."""
     def described() -> Any:
         torch = __import__("sys").modules.get("torch")
         if torch is not None and isinstance(tensor, torch.Tensor):
@@ -90,24 +115,35 @@ def check_shape(tensor: Any, shape: Any, *, what: str, hint: str = "") -> None:
                                 "device": "meta", "data": None}}
         return encode(tensor)
 
-    _check(_spec("shape", what, hint), described, evidence.Lazy(lambda: tuple(evidence.resolve(shape))))
+    _check(_spec("shape", what, hint), described, shape if shape is NOT_GIVEN else tuple(shape))
 
 
 def check_between(value: float, lo: float | None, hi: float | None, *, what: str, hint: str = "") -> None:
-    """``lo <= value <= hi`` (either bound may be None)."""
+    """``lo <= value <= hi`` (either bound may be None): the bounds are the contract, given in the
+    test and taken by the grader from the reference run's."""
     m = evidence.mode()
-    lo_, hi_ = (None, None) if m == GRADED else (evidence.resolve(lo), evidence.resolve(hi))
-    _check(_spec("between", what, hint, lo=_float(lo_), hi=_float(hi_)), lambda: encode(value))
+    lo_, hi_ = (None, None) if m == GRADED else (lo, hi)
+    _check(_spec("between", what, hint, lo=_float(lo_), hi=_float(hi_)), lambda: encode(value),
+           NOT_GIVEN if m != INTERACTIVE else None)
 
 
-def check_ratio(value: float, baseline: float, *, what: str, at_least: float | None = None,
-                at_most: float | None = None, hint: str = "") -> None:
-    """``value / baseline`` within bounds (the message gives the ratio).
+def check_rule(value: Any, rule: str, *, what: str, hint: str = "", **params: Any) -> None:
+    """``value`` keeps the rule ``rule`` of :mod:`gpulab.verdict` (``"lab00.placement"``), judged by
+    the grader against the reference run's value of the same check: for answers that may rightly
+    differ from the solution's. ``params`` (plain values) go to the rule with the reference's check.
 
-    Both numbers come from the student's kernel: for a speed, use
-    :func:`gpulab.grading.speedup.check_speedup`, which the grader times from its own side.
-    """
-    _check(_spec("ratio", what, hint, at_least=at_least, at_most=at_most), lambda: encode((value, baseline)))
+    Interactively the rule sees no reference (``ref=None``) and judges what it can alone."""
+    m = evidence.mode()
+    spec = _spec("rule", what, hint, rule=str(rule), params=encode(params) if m != GRADED else None)
+    if m == GRADED:
+        evidence.emit({"kind": "check", "value": encode(value)})
+        return
+    if m == REFERENCE:
+        evidence.emit({"kind": "check", "spec": spec, "value": encode(value)})
+        return
+    spec = messages.localize(spec, messages.student_lang())
+    why = rules.judge(rule, judge.decode(encode(value)), None, **params)
+    _raise(spec, None if why is None else judge.fail(spec, why))
 
 
 def _float(v: Any) -> float | None:
@@ -130,11 +166,15 @@ def check_raises(exc_type: type[BaseException] | tuple[type[BaseException], ...]
 def catch(exc_type: type[BaseException] | tuple[type[BaseException], ...], fn: Callable[..., Any], *args: Any,
           what: str, match: str | None = None, hint: str = "", **kwargs: Any) -> BaseException | None:
     """Like :func:`check_raises`, and return the exception to check further (None if none was raised
-    in the graded kernel, where nothing stops the cell)."""
+    in the graded kernel, where nothing stops the cell). The exception types and ``match`` are the
+    contract; under the grader they come from the reference run's check."""
     try:
         fn(*args, **kwargs)
         raised = None
     except Exception as err:  # the exception is the evidence
         raised = err
-    _check(_spec("raises", what, hint, types=_names(exc_type), match=match), lambda: encode(raised))
+    m = evidence.mode()
+    spec = _spec("raises", what, hint, types=_names(exc_type) if m != GRADED else None,
+                 match=match if m != GRADED else None)
+    _check(spec, lambda: encode(raised), NOT_GIVEN if m != INTERACTIVE else None)
     return raised

@@ -6,15 +6,14 @@ A test cell runs in one of three modes, set by the process that started the kern
   compares at once and raises :class:`~gpulab.grading.checks.GradingError` with today's message.
 - ``graded`` (``GPULAB_GRADING=graded``: the student's kernel under ``make grade``): each check
   only *sends the value the student's code produced*, as plain data, and never decides anything.
-  Expected values are not computed here at all (:func:`by_reference` is never called), so the
-  student's code cannot read them.
+  No expected value exists here: hidden tests name none, so the student's code cannot read one.
 - ``reference`` (``GPULAB_GRADING=reference``: a clean kernel that runs the lab's source notebook
-  once per grading run): each check sends the solution's value, the expected value and the check
-  itself (kind, tolerances, bounds, the message texts).
+  once per grading run): each check sends the solution's value (the expected side), a visible
+  test's literal, and the check itself (kind, tolerances, bounds, rule, the message texts).
 
 The grader pairs the two streams cell by cell, in order, and decides in its own process
-(:mod:`gpulab.grading.judge`, :mod:`gpulab.course.judge`). Both kernels draw their inputs from
-the same :func:`seed`, fresh for every ``make grade`` and never written in the notebook.
+(:mod:`gpulab.verdict`). Both kernels draw their inputs from the same :func:`seed`, fresh for
+every ``make grade`` and never written in the notebook.
 
 A record crosses as one ``display_data`` message of type :data:`MIME` holding JSON: numbers,
 strings, lists and the tagged forms of :func:`encode` (tensors as raw little-endian bytes in
@@ -56,38 +55,6 @@ def seed() -> int:
 def rng(salt: str = "") -> random.Random:
     """A ``random.Random`` drawn from :func:`seed` (``salt`` gives each test its own stream)."""
     return random.Random(f"{seed()}:{salt}")
-
-
-class Lazy:
-    """An expected value computed only where expected values are computed: in the reference kernel
-    (and interactively), never in the student's graded kernel."""
-
-    __slots__ = ("fn", "args", "kwargs")
-
-    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        self.fn, self.args, self.kwargs = fn, args, kwargs
-
-    def __call__(self) -> Any:
-        return self.fn(*self.args, **self.kwargs)
-
-    def __repr__(self) -> str:
-        return f"by_reference({getattr(self.fn, '__name__', 'expression')})"
-
-
-def by_reference(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Lazy:
-    """The expected value ``fn(*args, **kwargs)``, evaluated only in the reference kernel.
-
-    Use it in hidden tests for every expected value that needs gpulab's reference or any work
-    (``grading.check_equal(place_ranks(m, 3), grading.by_reference(ref.place_ranks, m, 3))``):
-    the reference is masked in the student's graded kernel, and an expected value computed there
-    could be read by the student's code.
-    """
-    return Lazy(fn, *args, **kwargs)
-
-
-def resolve(value: Any) -> Any:
-    """A :class:`Lazy` evaluated; anything else as it is."""
-    return value() if isinstance(value, Lazy) else value
 
 
 # ---- encoding: plain JSON with tagged forms ----------------------------------------------------
@@ -190,22 +157,22 @@ def emit(record: dict[str, Any]) -> None:
     display({MIME: record, "text/plain": ""}, raw=True)
 
 
-# ---- work the grader times from its own side ----------------------------------------------------
+# ---- work the grader measures from its own side (grading.check_measured) -----------------------
 
-_TIMED: dict[int, dict[str, Callable[[int], Any]]] = {}
+_MEASURED: dict[int, Callable[[int], Any]] = {}
 
 
-def register_timed(workloads: dict[str, Callable[[int], Any]]) -> int:
-    """Keep ``workloads`` (role -> ``fn(seed)``) for the grader's timed requests; returns their id."""
-    ident = len(_TIMED)
-    _TIMED[ident] = dict(workloads)
+def register_measured(work: Callable[[int], Any]) -> int:
+    """Keep ``work`` (``fn(seed)``) for the grader's measured requests; returns its id."""
+    ident = len(_MEASURED)
+    _MEASURED[ident] = work
     return ident
 
 
-def run_timed(ident: int, role: str, seed_: int) -> None:
-    """What the grader's timed request runs: one workload on a seed it reveals only now; the
-    result goes back as evidence, to be compared with the reference run's."""
-    result = _TIMED[ident][role](seed_)
+def run_measured(ident: int, seed_: int) -> None:
+    """What the grader's measured request runs: the one piece of work ``ident`` names, on a seed it
+    reveals only now; the result goes back as evidence, to be compared with the reference run's."""
+    result = _MEASURED[ident](seed_)
     from gpulab.devices.physical import synchronize_all
 
     synchronize_all()  # the grader's clock stops at the reply: queued GPU work must be done by then

@@ -96,7 +96,7 @@ def cells(nb_path: Path) -> list[Any]:
 # gpulab's own texts that a check's message is made of: the judge's verdicts ("expected {0}, got
 # {1}"), one catalogue for the kit (``notebooks/i18n/<lang>/gpulab.judge.po``)
 KIT = "gpulab"
-JUDGE = Path(__file__).resolve().parents[1] / "grading" / "judge.py"
+JUDGE = Path(__file__).resolve().parents[1] / "verdict" / "check.py"
 VERDICTS = ("verdict", "_close", "_array_close", "_difference", "_between", "_ratio", "_raises")
 JUDGE_SUFFIX = ".judge"
 
@@ -122,7 +122,7 @@ def judge_cells(py_path: Path = JUDGE) -> list[Any]:
             # a sentence, or an f-string's phrase (" at {0}"); not a key such as "at_least"
             if len(words) >= (1 if isinstance(node, ast.JoinedStr) else 2) and " " in made[0]:
                 found.setdefault(*made)
-        out += [catalog.Cell(f"{fn.name}:{n}", text, f"a verdict of gpulab.grading.judge.{fn.name}"
+        out += [catalog.Cell(f"{fn.name}:{n}", text, f"a verdict of gpulab.verdict.check.{fn.name}"
                              + values_note(values), frozenset({templates.FLAG}))
                 for n, (text, values) in enumerate(found.items())]
     return out

@@ -1,7 +1,8 @@
 """gpulab.grading's checks in their three modes: interactively they pass on right answers and fail
 with student-facing messages; in the student's graded kernel they send only the student's value
-and never compute an expected one; in the reference kernel they send the check, the expected value
-and the solution's value, which the grader's judge then decides exactly as the interactive check did.
+and nothing else; in the reference kernel they send the check and the solution's value (the expected
+side), with a visible test's literal, which the grader's judge then decides exactly as the
+interactive check did.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 from gpulab import grading
-from gpulab.grading import GradingError, evidence, judge
+from gpulab.grading import GradingError, evidence
+from gpulab.verdict import check as judge
 
 
 @pytest.fixture
@@ -64,16 +66,6 @@ def test_check_equal_shape_between() -> None:
         grading.check_between(float("nan"), 0, 1, what="fraction")
 
 
-def test_check_ratio() -> None:
-    assert grading.check_ratio(300.0, 100.0, at_least=2, what="throughput") is None  # no Out[] in a test cell
-    with pytest.raises(GradingError, match=r"ratio 1.50x, needs at least 2.00x"):
-        grading.check_ratio(150.0, 100.0, at_least=2, what="throughput")
-    with pytest.raises(GradingError, match="at most"):
-        grading.check_ratio(3.0, 1.0, at_most=1.25, what="imbalance")
-    with pytest.raises(GradingError, match="baseline must be positive"):
-        grading.check_ratio(1.0, 0.0, at_least=1, what="x")
-
-
 def test_check_raises() -> None:
     assert grading.check_raises(ValueError, int, "x", what="int('x')") is None  # no Out[] holding an exception
     err = grading.catch(ValueError, int, "x", what="int('x')")
@@ -86,39 +78,49 @@ def test_check_raises() -> None:
         grading.check_raises(ValueError, int, "x", what="int", match="world_size")
 
 
-def test_graded_kernel_sends_values_and_never_computes_expected_ones(sent) -> None:
+def test_graded_kernel_sends_values_and_nothing_else(sent) -> None:
+    """The student's kernel sends its value only: no spec, no bounds, no expected value, and a plain
+    ``check`` sends nothing at all (a boolean the kernel computed is no evidence)."""
     sent.mode("graded")
-    called = []
-
-    def reference(x):
-        called.append(x)
-        return 2 * x
-
-    grading.check_equal(3, grading.by_reference(reference, 1), what="a")   # wrong, yet nothing raises here
-    grading.check_close(torch.ones(2), grading.by_reference(reference, 2), what="b")
+    grading.check_equal(3, what="a")   # wrong against any reference, yet nothing raises here
+    grading.check_close(torch.ones(2), torch.zeros(2), what="b")  # a visible literal stays in the kernel's test only
     grading.check(False, "c")
     grading.check_raises(ValueError, int, "x", what="d")
-    grading.check_between(5.0, grading.by_reference(reference, 3), None, what="e")
-    assert called == []  # no expected value exists in the student's kernel
+    grading.check_between(5.0, 0.0, 1.0, what="e")
+    grading.check_rule({"x": 1}, "lab00.placement", what="f", world_size=3)
     assert [r["kind"] for r in sent] == ["check"] * 5
-    assert all(set(r) == {"kind", "value"} for r in sent)
-    assert judge.decode(sent[0]["value"]) == 3 and judge.decode(sent[2]["value"]) is False
-    assert judge.decode(sent[3]["value"]).types[0] == "ValueError"
+    assert all(set(r) == {"kind", "value"} for r in sent), sent
+    assert judge.decode(sent[0]["value"]) == 3 and judge.decode(sent[2]["value"]).types[0] == "ValueError"
 
 
-def test_reference_kernel_sends_the_check_and_the_judge_decides_like_the_interactive_check(sent) -> None:
+def test_reference_kernel_sends_the_check_and_the_solutions_value(sent) -> None:
+    """In the reference kernel, a hidden test's check (no expected value) sends the solution's value,
+    which is then the expected one; a visible test's literal travels beside it."""
+    sent.mode("reference")
+    grading.check_equal("nccl", what="backend")
+    grading.check_equal("gloo", "nccl", what="visible backend")
+    grading.check(False, "not evidence")
+    assert [set(r) for r in sent] == [{"kind", "spec", "value"}, {"kind", "spec", "value", "expected"}]
+    assert judge.decode(sent[0]["value"]) == "nccl" and judge.decode(sent[1]["expected"]) == "nccl"
+
+
+def test_the_judge_decides_like_the_interactive_check(sent) -> None:
     sent.mode("reference")
     cases = [(lambda e: grading.check_equal("gloo", e, what="backend"), "nccl"),
              (lambda e: grading.check_close(torch.ones(2), e, what="ones", atol=1e-3), torch.ones(2) + 1e-2),
              (lambda e: grading.check_equal((1, 2), e, what="pair"), namedtuple("P", "a b")(1, 2))]
     for call, expected in cases:
-        call(grading.by_reference(lambda e=expected: e))
-    assert all({"spec", "expected", "value"} <= set(r) for r in sent)
+        call(expected)
     verdicts = [judge.verdict(r["spec"], judge.decode(r["value"]), judge.decode(r["expected"])) for r in sent]
     for (call, expected), why in zip(cases, verdicts):
         with pytest.raises(GradingError) as err:  # the same check, interactively
             evidence_mode_interactive(call, expected)
         assert str(err.value) == why
+
+
+def test_a_hidden_check_decides_nothing_interactively() -> None:
+    """Run in the source notebook interactively, a hidden test has no expected value to compare with."""
+    assert grading.check_equal(3, what="a hidden test's check") is None
 
 
 def evidence_mode_interactive(call, expected) -> None:

@@ -25,7 +25,7 @@ from gpulab.data.transfer import normalize_on_host, to_device_normalize
 from gpulab.data.workers import make_loader
 from gpulab.grading import lab02
 from gpulab.grading.evidence import encode
-from gpulab.grading.judge import decode, verdict
+from gpulab.verdict.check import decode, verdict
 
 
 def same(actual, expected) -> bool:

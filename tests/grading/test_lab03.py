@@ -16,7 +16,7 @@ from gpulab.course.mask import masked_names, write_masks
 from gpulab.data.hdf5 import H5Dataset, make_images, write_h5
 from gpulab.grading import lab03
 from gpulab.grading.evidence import encode
-from gpulab.grading.judge import decode, verdict
+from gpulab.verdict.check import decode, verdict
 
 MiB = 1 << 20
 

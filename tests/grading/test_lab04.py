@@ -17,11 +17,11 @@ from gpulab.course.mask import masked_names, write_masks
 from gpulab.devices import MemoryMeter, logical_devices
 from gpulab.grading import lab04
 from gpulab.grading.evidence import encode
-from gpulab.grading.judge import decode, verdict
 from gpulab.parallel import DataParallel, comm
 from gpulab.parallel.dp.data_parallel import data_parallel as gpulab_data_parallel
 from gpulab.parallel.dp.parallel_apply import parallel_apply as gpulab_parallel_apply
 from gpulab.parallel.dp.replicate import replicate as gpulab_replicate
+from gpulab.verdict.check import decode, verdict
 
 
 @pytest.fixture(scope="module")

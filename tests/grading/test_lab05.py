@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from gpulab import grading
 from gpulab.grading import lab05
 from gpulab.grading.evidence import encode
-from gpulab.grading.judge import decode, verdict
 from gpulab.parallel import comm, parallel_apply
+from gpulab.verdict.check import decode, verdict
 
 
 def _close(actual, expected, **tol) -> str | None:

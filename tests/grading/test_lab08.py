@@ -12,11 +12,11 @@ from torch import nn
 
 from gpulab.grading import lab08
 from gpulab.grading.evidence import encode
-from gpulab.grading.judge import decode, verdict
 from gpulab.grading.lab08 import count_host_reads
 from gpulab.memory.fixes.loops import evaluate, train_epoch
 from gpulab.memory.fixes.savings import checkpointed_forward, segment_sizes
 from gpulab.models import SmallCNN
+from gpulab.verdict.check import decode, verdict
 
 
 def test_each_way_of_reading_a_value_counts_once() -> None:

@@ -12,8 +12,8 @@ from torch.nn import functional as F
 
 from gpulab.grading import lab11
 from gpulab.grading.evidence import encode
-from gpulab.grading.judge import decode, verdict
 from gpulab.parallel.tp import fuse_qkv
+from gpulab.verdict.check import decode, verdict
 
 
 class Copy(torch.autograd.Function):

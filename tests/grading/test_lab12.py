@@ -10,9 +10,9 @@ import torch
 
 from gpulab.grading import lab12
 from gpulab.grading.evidence import encode
-from gpulab.grading.judge import decode, verdict
 from gpulab.launchbound.bound import BOUNDS, floors
 from gpulab.launchbound.fusion import clipped_block
+from gpulab.verdict.check import decode, verdict
 
 
 def _verdict(kind: str, actual, expected, **tol) -> str | None:

@@ -9,8 +9,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from gpulab.grading import GradingError, check_equal, judge
+from gpulab.grading import GradingError, check_equal
 from gpulab.i18n import catalog, messages
+from gpulab.verdict import check as judge
 
 CELL = '''from gpulab import grading
 grading.check_equal(f(2), 4, what="f(2), the square", hint="multiply, do not add")

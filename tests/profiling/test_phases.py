@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from gpulab.grading import judge, lab01
+from gpulab.grading import lab01
 from gpulab.grading.evidence import encode
 from gpulab.profiling.phases import DATA, STEP, Stopwatch, profile_phases, trace_shares
+from gpulab.verdict import check as judge
 
 CASE = {"active": 3, "batch_size": 8, "sample_cost_s": 0.002, "lr": 0.05}
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from gpulab.i18n import LANGUAGES, messages  # a localized spec's language: the hint's label, the verdict
+from gpulab.verdict import rules
 
 MAX_DEPTH = 12
 MAX_ITEMS = 200_000           # list elements, dict entries, set members, per value
@@ -302,7 +303,8 @@ def _decode_tensor(body: Any) -> Tensor:
 
 # ---- comparing ---------------------------------------------------------------------------------
 
-def _fail(spec: dict[str, Any], detail: str) -> str:
+def fail(spec: dict[str, Any], detail: str) -> str:
+    """A failed check's message: what was checked, the detail, and the hint, in the spec's language."""
     msg = f"{spec.get('what') or 'check'}: {messages.say(detail, spec.get('lang'))}"
     if spec.get("hint"):
         msg += f"\n  {LANGUAGES[spec['lang']].hint if spec.get('lang') in LANGUAGES else 'Hint'}: {spec['hint']}"
@@ -398,34 +400,41 @@ def verdict(spec: dict[str, Any], actual: Any, expected: Any = None) -> str | No
 
     Args:
         spec: the check as the reference kernel sent it: ``kind`` (true, equal, close, shape,
-            between, ratio, raises) and its parameters, ``what`` and ``hint``.
+            between, ratio, raises, rule) and its parameters, ``what`` and ``hint``.
         actual: the student's decoded value.
-        expected: the reference's decoded expected value (kinds equal, close, shape, raises).
+        expected: the reference's decoded expected value: the visible test's literal if it gave
+            one, else the solution's value of the same check (for a rule, the solution's value).
     """
     kind = spec.get("kind")
     if kind == "true":
-        return None if actual is True else _fail(spec, "check failed")
+        return None if actual is True else fail(spec, "check failed")
     if kind == "equal":
         if isinstance(expected, Tensor) or isinstance(actual, Tensor):
             ok = isinstance(actual, Tensor) and isinstance(expected, Tensor) and actual == expected
         else:
             ok = _equal(actual, expected) and _same_container(actual, expected)
-        return None if ok else _fail(spec, _difference(actual, expected))
+        return None if ok else fail(spec, _difference(actual, expected))
     if kind == "close":
         why = _close(actual, expected, spec.get("rtol"), spec.get("atol"))
-        return None if why is None else _fail(spec, why)
+        return None if why is None else fail(spec, why)
     if kind == "shape":
         if not isinstance(actual, Tensor):
-            return _fail(spec, f"expected a torch.Tensor, got {_kind(actual)}")
+            return fail(spec, f"expected a torch.Tensor, got {_kind(actual)}")
         shape = tuple(expected) if isinstance(expected, (list, tuple)) else expected
-        return None if actual.shape == shape else _fail(spec, f"shape {actual.shape} but expected {shape}")
+        return None if actual.shape == shape else fail(spec, f"shape {actual.shape} but expected {shape}")
     if kind == "between":
         return _between(spec, actual)
     if kind == "ratio":
         return _ratio(spec, actual)
     if kind == "raises":
         return _raises(spec, actual)
-    return _fail(spec, f"the grader does not know the check {str(kind)[:40]!r}")
+    if kind == "rule":
+        params = decode(spec.get("params") if spec.get("params") is not None else {"$dict": []})
+        if not isinstance(params, dict) or not all(isinstance(k, str) and k.isidentifier() for k in params):
+            return fail(spec, "the check's parameters could not be read")
+        why = rules.judge(str(spec.get("rule")), actual, expected, **params)
+        return None if why is None else fail(spec, why)
+    return fail(spec, f"the grader does not know the check {str(kind)[:40]!r}")
 
 
 def _short(v: Any, limit: int = 300) -> str:
@@ -478,31 +487,31 @@ def _value(v: Any) -> float | None:
 def _between(spec: dict[str, Any], actual: Any) -> str | None:
     v = _value(actual)
     if v is None:
-        return _fail(spec, f"expected a number, got {_kind(actual)}")
+        return fail(spec, f"expected a number, got {_kind(actual)}")
     if v != v:
-        return _fail(spec, "got NaN")
+        return fail(spec, "got NaN")
     lo, hi = spec.get("lo"), spec.get("hi")
     if lo is not None and v < lo:
-        return _fail(spec, f"{v:.4g} is below the minimum {lo:.4g}")
+        return fail(spec, f"{v:.4g} is below the minimum {lo:.4g}")
     if hi is not None and v > hi:
-        return _fail(spec, f"{v:.4g} is above the maximum {hi:.4g}")
+        return fail(spec, f"{v:.4g} is above the maximum {hi:.4g}")
     return None
 
 
 def _ratio(spec: dict[str, Any], actual: Any) -> str | None:
     if not isinstance(actual, (list, tuple)) or len(actual) != 2:
-        return _fail(spec, "expected a value and its baseline")
+        return fail(spec, "expected a value and its baseline")
     value, baseline = _value(actual[0]), _value(actual[1])
     if value is None or baseline is None or value != value or baseline != baseline:
-        return _fail(spec, f"expected two numbers, got {actual!r}")
+        return fail(spec, f"expected two numbers, got {actual!r}")
     if baseline <= 0:
-        return _fail(spec, f"the baseline must be positive, got {baseline!r}")
+        return fail(spec, f"the baseline must be positive, got {baseline!r}")
     ratio = value / baseline
     lo, hi = spec.get("at_least"), spec.get("at_most")
     if lo is not None and ratio < lo:
-        return _fail(spec, f"ratio {ratio:.2f}x, needs at least {lo:.2f}x ({value:.4g} vs baseline {baseline:.4g})")
+        return fail(spec, f"ratio {ratio:.2f}x, needs at least {lo:.2f}x ({value:.4g} vs baseline {baseline:.4g})")
     if hi is not None and ratio > hi:
-        return _fail(spec, f"ratio {ratio:.2f}x, needs at most {hi:.2f}x ({value:.4g} vs baseline {baseline:.4g})")
+        return fail(spec, f"ratio {ratio:.2f}x, needs at most {hi:.2f}x ({value:.4g} vs baseline {baseline:.4g})")
     return None
 
 
@@ -510,11 +519,11 @@ def _raises(spec: dict[str, Any], actual: Any) -> str | None:
     wanted = [t for t in spec.get("types", []) if isinstance(t, str)]
     names = " or ".join(wanted) or "an exception"
     if not isinstance(actual, Raised):
-        return _fail(spec, f"expected {names}, but nothing was raised")
+        return fail(spec, f"expected {names}, but nothing was raised")
     if not any(t in actual.types for t in wanted):
         got = actual.types[0] if actual.types else "an exception"
-        return _fail(spec, f"expected {names}, got {got}: {actual.message[:500]}")
+        return fail(spec, f"expected {names}, got {got}: {actual.message[:500]}")
     match = spec.get("match")
     if match and str(match).lower() not in actual.message.lower():
-        return _fail(spec, f"raised {actual.types[0]} but its message does not mention {match!r}: {actual.message[:500]}")
+        return fail(spec, f"raised {actual.types[0]} but its message does not mention {match!r}: {actual.message[:500]}")
     return None
