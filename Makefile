@@ -30,6 +30,8 @@ JOBS    ?=
 WALL_TIMEOUT ?=
 CELL_TIMEOUT ?=
 MEMORY_MB ?=
+# make grade SEED=<n>: the hidden tests' inputs of an earlier run (default: fresh every run)
+SEED    ?=
 # make collect: the LMS download, and a file-name pattern if the default does not fit
 ARCHIVE ?=
 REGEXP  ?=
@@ -204,11 +206,11 @@ release: setup  ## nbgrader generate_assignment for every lab (notebooks/release
 check: setup  ## validate your notebooks in work/
 	"$(PY)" -m gpulab.course check --work "$(WORK)" $(if $(LAB),--lab $(LAB))
 
-grade: setup  ## autograde notebooks/submitted in parallel, sandboxed; grades.csv (LAB= JOBS= WALL_TIMEOUT= CELL_TIMEOUT= MEMORY_MB= ALLOW_WEAKER_SANDBOX=1 RAY_ADDRESS= FRESH=1)
+grade: setup  ## autograde notebooks/submitted in parallel, sandboxed; grades.csv (LAB= JOBS= WALL_TIMEOUT= CELL_TIMEOUT= MEMORY_MB= ALLOW_WEAKER_SANDBOX=1 RAY_ADDRESS= FRESH=1 SEED=)
 	"$(PY)" -m gpulab.course grade --course "$(COURSE)" $(if $(LAB),--lab $(LAB)) $(if $(JOBS),--jobs $(JOBS)) \
 		$(if $(WALL_TIMEOUT),--wall-timeout $(WALL_TIMEOUT)) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT)) \
 		$(if $(MEMORY_MB),--memory-mb $(MEMORY_MB)) $(if $(filter 1,$(ALLOW_WEAKER_SANDBOX)),--allow-weaker-sandbox) \
-		$(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(if $(filter 1,$(FRESH)),--fresh)
+		$(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(if $(filter 1,$(FRESH)),--fresh) $(if $(SEED),--seed $(SEED))
 
 feedback: setup  ## HTML feedback for every graded submission, hidden tests removed (LAB=<lab> for one)
 	"$(PY)" -m gpulab.course feedback --course "$(COURSE)" $(if $(LAB),--lab $(LAB))

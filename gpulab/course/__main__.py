@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--fresh", action="store_true",
                            help="grade everything again, even after a run that was stopped (by default such a run's "
                                 "finished, unchanged submissions are kept)")
+            s.add_argument("--seed", type=int, default=None,
+                           help="the hidden tests' inputs (default: fresh for every run; grades.csv's run printed it)")
             s.add_argument("--quiet", action="store_true", help="no progress bar")
         if name == "collect":
             s.add_argument("--archive", required=True, help="the LMS download (zip)")
@@ -94,7 +96,8 @@ def _grade(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         rows = grade(args.course, args.lab, jobs=jobs, limits=limits, progress=not args.quiet,
-                     keep_sandboxes=args.keep_sandboxes, plan=plan, ray_address=args.ray_address, fresh=args.fresh)
+                     keep_sandboxes=args.keep_sandboxes, plan=plan, ray_address=args.ray_address, fresh=args.fresh,
+                     seed=args.seed)
     except (ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

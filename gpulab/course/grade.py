@@ -208,7 +208,7 @@ def interrupted_rows(course: Path, pairs: list[tuple[str, str]]) -> dict[tuple[s
 
 def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, limits: Limits | None = None,
           progress: bool = True, keep_sandboxes: bool = False, plan: isolation.Plan | None = None,
-          ray_address: str | None = None, fresh: bool = False) -> list[GradeRow]:
+          ray_address: str | None = None, fresh: bool = False, seed: int | None = None) -> list[GradeRow]:
     """Autograde every submission (or one lab's) and write ``<course>/grades.csv``; returns its rows.
 
     Args:
@@ -219,6 +219,8 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
             :class:`WeakSandboxError` unless ``limits.allow_weaker``.
         ray_address: grade on this Ray cluster instead (``jobs`` then only sizes the reference runs).
         fresh: grade everything, even what a stopped run finished (:func:`interrupted_rows`).
+        seed: the hidden tests' inputs and the measured runs' seeds (default: fresh for every run;
+            give the seed of an earlier run to grade on its inputs again).
     """
     course = Path(course).resolve()
     known = set(find_labs(course))
@@ -254,7 +256,12 @@ def grade(course: str | Path, lab: str | None = None, jobs: int | None = None, l
     template, specs = root / "template.db", {}
     pending = dict.fromkeys(pairs)
     max_bytes = limits.max_notebook_mb * 2**20
-    seed, secret = secrets_mod.randbelow(2**31), secrets_mod.token_hex(16)  # fresh for every run
+    if seed is None:
+        seed, secret = secrets_mod.randbelow(2**31), secrets_mod.token_hex(16)  # fresh for every run
+    else:
+        secret = hashlib.sha256(f"gpulab-seed:{seed}".encode()).hexdigest()[:32]
+    if pairs and progress:
+        print(f"the hidden tests' inputs: seed {seed} (make grade SEED={seed} grades on them again)", flush=True)
     # labs whose checks time parallel work against serial work get the machine to themselves
     alone = {lab_.id for lab_ in LABS if lab_.timed_alone}
     try:
