@@ -207,7 +207,7 @@ check: setup  ## validate your notebooks in work/
 	"$(PY)" -m gpulab.course check --work "$(WORK)" $(if $(LAB),--lab $(LAB))
 
 grade: setup  ## autograde notebooks/submitted in parallel, sandboxed; grades.csv (LAB= JOBS= WALL_TIMEOUT= CELL_TIMEOUT= MEMORY_MB= ALLOW_WEAKER_SANDBOX=1 RAY_ADDRESS= FRESH=1 SEED=)
-	"$(PY)" -m gpulab.course grade --course "$(COURSE)" $(if $(LAB),--lab $(LAB)) $(if $(JOBS),--jobs $(JOBS)) \
+	"$(PY)" -m gpulab.autograde --course "$(COURSE)" $(if $(LAB),--lab $(LAB)) $(if $(JOBS),--jobs $(JOBS)) \
 		$(if $(WALL_TIMEOUT),--wall-timeout $(WALL_TIMEOUT)) $(if $(CELL_TIMEOUT),--cell-timeout $(CELL_TIMEOUT)) \
 		$(if $(MEMORY_MB),--memory-mb $(MEMORY_MB)) $(if $(filter 1,$(ALLOW_WEAKER_SANDBOX)),--allow-weaker-sandbox) \
 		$(if $(RAY_ADDRESS),--ray-address $(RAY_ADDRESS)) $(if $(filter 1,$(FRESH)),--fresh) $(if $(SEED),--seed $(SEED))

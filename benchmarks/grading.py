@@ -1,5 +1,5 @@
 """What the grader costs over plain nbgrader (and over an earlier grader), and what parallel grading
-gains: the same class of submissions graded by ``gpulab.course.grade`` and by plain ``nbgrader
+gains: the same class of submissions graded by ``gpulab.autograde.run`` and by plain ``nbgrader
 autograde`` in one process, in alternating rounds of one run.
 
     flock /tmp/gpulab-cpu.lock .venv/bin/python benchmarks/grading.py [--lab 00_setup] [--submissions 10]
@@ -45,16 +45,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpulab.course.grade import default_jobs, grade  # noqa: E402
-from gpulab.course.nbgrader_cli import nbgrader  # noqa: E402
+from gpulab.autograde.limits import Limits  # noqa: E402
+from gpulab.autograde.nbgrader import nbgrader  # noqa: E402
+from gpulab.autograde.plan import default_jobs  # noqa: E402
+from gpulab.autograde.run import grade  # noqa: E402
 from gpulab.course.release import release  # noqa: E402
-from gpulab.course.sandbox import Limits  # noqa: E402
 
 LAB = "00_setup"
 OLD_DRIVER = """
 import json, sys, time
-from gpulab.course.grade import grade
-from gpulab.course.sandbox import Limits
+from gpulab.autograde.run import grade
+from gpulab.autograde.limits import Limits
 t0 = time.perf_counter()
 rows = grade(sys.argv[1], sys.argv[2], jobs=int(sys.argv[3]), limits=Limits(memory_mb=2048), progress=False)
 print(json.dumps({"seconds": time.perf_counter() - t0, "scores": [r.score for r in rows]}))
@@ -101,7 +102,7 @@ def timed_ray(course: Path, lab: str = LAB) -> tuple[float, list[float]]:
     """Wall seconds to start a one-node Ray cluster of this machine's cores and grade the class on it."""
     from ray.cluster_utils import Cluster
 
-    from gpulab.course.cluster import WHOLE_NODE
+    from gpulab.autograde.runners.ray import WHOLE_NODE
 
     t0 = time.perf_counter()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": default_jobs(), "include_dashboard": False,

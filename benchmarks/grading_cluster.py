@@ -7,7 +7,7 @@ The nodes are raylets of ``ray.cluster_utils.Cluster`` on this machine (one CPU 
 means two raylets sharing this machine's cores: on a 2-core machine 2x is the ceiling. The
 projection multiplies recorded per-lab costs (``results/lab_costs-cpu.json``, a third of each lab's
 pipeline time on a 2-core VM) by 500 students and spreads them over nodes of 16 cores as
-``gpulab.course.cluster.task_options`` asks (CPUs per task; lab 10 alone on a node, after the rest).
+``gpulab.autograde.runners.ray.task_options`` asks (CPUs per task; lab 10 alone on a node, after the rest).
 It assumes a core of those nodes is as fast as one of the VM's, and ignores start-up and merging on
 the head. Prints one JSON line.
 """
@@ -28,11 +28,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gpulab.autograde.limits import Limits  # noqa: E402
+from gpulab.autograde.record import NOT_YET  # noqa: E402
+from gpulab.autograde.run import grade  # noqa: E402
+from gpulab.autograde.runners import ray as cluster  # noqa: E402
 from gpulab.confine import isolation  # noqa: E402
-from gpulab.course import cluster  # noqa: E402
-from gpulab.course.grade import NOT_YET, grade  # noqa: E402
 from gpulab.course.release import release  # noqa: E402
-from gpulab.course.sandbox import Limits  # noqa: E402
 
 LAB = "00_setup"
 

@@ -20,7 +20,7 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 class MaskedReference(RuntimeError):
     """Raised by one of gpulab's reference implementations while a lab that asks for it is graded:
-    the exercise is to write it yourself (:mod:`gpulab.course.mask`)."""
+    the exercise is to write it yourself (:mod:`gpulab.autograde.box.mask`)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(f"gpulab's reference {name} is not available while this lab is graded: the exercise is "

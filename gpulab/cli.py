@@ -17,7 +17,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("gpulab.devices.doctor", "main", "report versions, devices, problems and fixes"),
     "profile": ("gpulab.profiling.loop", "main", "profile a demo training loop and print the breakdown (--trace FILE: a Perfetto trace)"),
-    "grade": ("gpulab.course.__main__", "grade_main", "autograde submissions and export grades.csv"),
+    "grade": ("gpulab.autograde.__main__", "main", "autograde submissions and export grades.csv"),
 }
 
 

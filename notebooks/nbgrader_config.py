@@ -27,8 +27,8 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # The per-cell execution limit, the same for Validate in the student's JupyterLab, `make check`
-# and `make grade` (gpulab/course/execution.py; `make lab` writes the student's config with it).
-from gpulab.course.execution import configure  # noqa: E402
+# and `make grade` (gpulab/autograde/execute/config.py; `make lab` writes the student's config with it).
+from gpulab.autograde.execute.config import configure  # noqa: E402
 
 configure(c)
 

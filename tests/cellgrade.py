@@ -12,7 +12,7 @@ For each answer set, a fresh Python process runs the lab's code cells in order, 
 replaced by the answers given (others keep the source's solution), up to the last test cell named,
 in ``graded`` mode, with gpulab's ``REFERENCES`` of the lab masked (they raise
 ``MaskedReference``); the source's own cells run once in ``reference`` mode, on the same seed. The
-evidence each test cell sends is captured (``evidence.emit``), a measured check's work is run and
+evidence each test cell sends is captured (``gpulab.evidence.wire.emit``), a measured check's work is run and
 measured in the same process (``grading.measured.measure_here``: the CPU and I/O counters of that
 process), and :func:`gpulab.verdict.cell.judge_cell` decides, as the grader does. ``prelude``
 keeps only the named plain code cells (ids) of those before the tests (every exercise cell and
@@ -73,10 +73,13 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
     """In the child: run the planned cells, capture each test cell's evidence (and measure its work)."""
     os.environ.update(GPULAB_GRADING=job["mode"], GPULAB_SEED=str(job["seed"]), MPLBACKEND="agg")
     os.chdir(job["cwd"])
-    from gpulab.grading import evidence
+    from gpulab.evidence import wire
+    from gpulab.evidence.codec import encode
+    from gpulab.evidence.records import to_wire
+    from gpulab.grading import measured
 
     captured: list[Any] = []
-    evidence.emit = lambda record: captured.append(json.loads(json.dumps(record)))  # what the kernel would send
+    wire.emit = lambda record: captured.append(json.loads(json.dumps(to_wire(record))))  # what the kernel would send
     if job["mode"] == "graded":
         _mask(job["lab"])
     from gpulab.grading.measured import measure_here
@@ -104,12 +107,12 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
                 seeds = measured_seeds(SECRET, job["lab"], cell["grade_id"], k, warmup + repeats)
                 result = MeasuredRuns()
                 try:
-                    work = evidence._MEASURED[rec["id"]]
+                    work = measured._MEASURED[rec["id"]]
                     for i, s in enumerate(seeds):
                         m, value = measure_here(work, s)
                         if i >= warmup:
                             result.measurements.append(m)
-                            result.results.append(evidence.encode(value))
+                            result.results.append(encode(value))
                 except Exception as err:
                     result.error = f"a measured run raised {type(err).__name__}: {err}"
                 runs[k] = result.to_json()
@@ -122,7 +125,7 @@ def _mask(lab: str) -> None:
     import importlib
 
     import gpulab
-    from gpulab.course.mask import lab_references
+    from gpulab.autograde.box.mask import lab_references
 
     for ref in lab_references(lab):
         module = importlib.import_module(ref.__module__)
@@ -148,7 +151,7 @@ def grade_cells(lab: str, answers: dict[str, dict[str, str]], tests: list[str], 
                 seed: int = 12345, timeout: float = 600, course: Path = COURSE, cwd: Path | None = None) -> dict:
     """``{answer set: {test grade_id: CellResult}}`` (see the module doc). Raises RuntimeError when the
     source itself fails a named test: the harness is then testing nothing."""
-    from gpulab.course.expected import Expected
+    from gpulab.autograde.expected import Expected
     from gpulab.verdict.cell import MeasuredRuns, judge_cell
 
     work = str(cwd or (course / "source" / lab))

@@ -582,16 +582,17 @@ get_ipython().events.register("pre_run_cell", _guess)
 def to_device(batch, device):
     return batch
 """ % MIME
-DOUBLER = """import gpulab.grading.evidence as _ev
+DOUBLER = """import gpulab.evidence.wire as _ev
 _emit = _ev.emit
 def _twice(record):
     _emit(record)
     _emit(record)  # every value sent twice
 _ev.emit = _twice
 {solution}"""
-WRONG_TYPE = """import gpulab.grading.evidence as _ev
-_emit = _ev.emit
-_ev.emit = lambda record: _emit({"kind": record.get("kind"), "value": {"$pickle": "gASVAAAAAAAAAACMBHRydWWULg=="}})
+WRONG_TYPE = """import gpulab.evidence.wire as _ev
+from IPython.display import display as _display
+_ev.emit = lambda record: _display({_ev.MIME: {"kind": "check", "value": {"$pickle": "gASVAAAAAAAAAACMBHRydWWULg=="}},
+                                    "text/plain": ""}, raw=True)
 {solution}"""
 HUGE = """from IPython.display import display
 display({%r: {"kind": "check", "value": "x" * (40 * 2**20)}, "text/plain": ""}, raw=True)  # 40 MiB of evidence

@@ -7,9 +7,9 @@ from __future__ import annotations
 import shutil
 
 import nbformat
+from autograde.test_measured_grading import FAST_SUM, LAB, SERIAL, _notebook
 from cellgrade import grade_cells
 from conftest import COURSE
-from course.test_measured_grading import FAST_SUM, LAB, SERIAL, _notebook
 
 
 def test_the_harness_grades_like_the_grader(tmp_path) -> None:

@@ -44,14 +44,15 @@ from grading_class import (
     submit_class,
 )
 
+from gpulab.autograde import gradebook
+from gpulab.autograde.box import integrity
+from gpulab.autograde.limits import Limits
+from gpulab.autograde.nbgrader import nbgrader
+from gpulab.autograde.run import grade
 from gpulab.confine import isolation
 from gpulab.confine.jail import landlock_abi
 from gpulab.course import feedback as fb
-from gpulab.course import gradebook, integrity
 from gpulab.course.collect import collect
-from gpulab.course.grade import grade
-from gpulab.course.nbgrader_cli import nbgrader
-from gpulab.course.sandbox import Limits
 
 pytestmark = [pytest.mark.notebook]
 CLASS_LIMITS = Limits(wall_s=300, cell_timeout_s=20, memory_mb=1536, interrupt_grace_s=5, pids_max=256,
@@ -148,7 +149,7 @@ def test_every_student_gets_the_expected_score_and_note(graded) -> None:
                     if c.metadata.get("nbgrader", {}).get("grade_id") == "choose_backend_impl")
         shown = json.dumps(cell.get("outputs", []))
         assert "refused: PermissionError" in shown and "BEGIN HIDDEN TESTS" not in shown, shown[:500]
-    from gpulab.course.students import from_csv
+    from gpulab.autograde.students import from_csv
 
     with open(course / "grades.csv", newline="") as fh:
         table = {from_csv(r["student"]): r for r in csv.DictReader(fh)}  # '=SUM(1+1) is escaped there
@@ -204,7 +205,8 @@ def test_honest_answers_are_right_and_nobody_elses(graded) -> None:
     import torch
 
     from gpulab.devices.doctor import Facts, GpuInfo
-    from gpulab.grading import evidence, lab00
+    from gpulab.evidence import codec as evidence
+    from gpulab.grading import lab00
 
     gpu = GpuInfo(0, "L4", 1, "8.9")
     for source in TRIAGE:
@@ -249,7 +251,7 @@ def test_the_gradebook_stays_nbgraders_source_of_truth(graded) -> None:
     from nbgrader.api import Gradebook
 
     course, fixture, rows, _ = graded
-    from gpulab.course.students import alias
+    from gpulab.autograde.students import alias
 
     rows = {alias(s): r for s, r in rows.items()}  # nbgrader knows an odd id by its alias
     with Gradebook(gradebook.db_url(course), course_id="gpulab") as gb:
@@ -372,7 +374,7 @@ def test_feedback_never_shows_hidden_tests(graded) -> None:
     specs = integrity.lab_spec(gradebook.db_url(course), LAB)
     lines = fb.hidden_lines(specs)
     assert len(lines) >= 10
-    from gpulab.course.students import alias
+    from gpulab.autograde.students import alias
 
     pages = sorted(course.glob(f"feedback/*/{LAB}/{LAB}.html"))
     assert {p.parts[-3] for p in pages} == {alias(s) for s in fixture}  # a page for everyone, a note page for the ungraded

@@ -19,7 +19,7 @@ import nbformat
 from conftest import COURSE, REPO
 
 PACKAGE = REPO / "gpulab"
-GRADERS = ("gpulab.grading", "gpulab.verdict", "gpulab.course", "gpulab.confine")
+GRADERS = ("gpulab.grading", "gpulab.evidence", "gpulab.verdict", "gpulab.autograde", "gpulab.course", "gpulab.confine")
 MAX_LOOSE_MODULES = 4
 
 
@@ -144,6 +144,53 @@ def test_the_library_never_imports_the_graders_or_the_course_tools() -> None:
     bad = sorted(f"{m} imports {t}" for m, ts in import_graph().items()
                  if not m.startswith(GRADERS) for t in ts if t.startswith(GRADERS))
     assert bad == [], "library code must not depend on gpulab.grading / gpulab.course / gpulab.confine: " + "; ".join(bad)
+
+
+def _imports_of(package: str) -> dict[str, set[str]]:
+    return {m: ts for m, ts in import_graph().items() if m == package or m.startswith(package + ".")}
+
+
+def _top(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
+def test_the_grader_is_cut_along_its_stages() -> None:
+    """Issue 49's direction: the kernel's side (grading) reaches only the wire (evidence) and the
+    verdicts among the grader's packages; the verdicts are pure; the autograder never imports the
+    course's make targets; the wire imports no other grader package."""
+    bad = []
+    for m, ts in _imports_of("gpulab.grading").items():
+        bad += [f"{m} imports {t}" for t in ts if t.startswith(GRADERS) and _top(t) not in
+                ("gpulab.grading", "gpulab.evidence", "gpulab.verdict")]
+    for m, ts in _imports_of("gpulab.evidence").items():
+        bad += [f"{m} imports {t}" for t in ts if t.startswith(GRADERS) and _top(t) != "gpulab.evidence"]
+    for m, ts in _imports_of("gpulab.verdict").items():
+        bad += [f"{m} imports {t}" for t in ts if t.startswith(GRADERS) and _top(t) not in ("gpulab.verdict", "gpulab.evidence")]
+    for m, ts in _imports_of("gpulab.autograde").items():
+        bad += [f"{m} imports {t}" for t in ts if _top(t) == "gpulab.course"]
+    assert bad == [], "; ".join(bad)
+
+
+def test_the_verdicts_do_no_io() -> None:
+    """gpulab.verdict is pure: no files, processes, sockets or clocks (it judges data the grader holds)."""
+    io = {"os", "subprocess", "socket", "shutil", "pathlib", "time", "threading", "multiprocessing", "psutil", "sqlite3",
+          "torch", "nbformat", "nbclient", "jupyter_client"}
+    bad = []
+    for path in sorted((PACKAGE / "verdict").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.name} imports {n}" for n in names if n.split(".")[0] in io]
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "open":
+                bad.append(f"{path.name} opens a file")
+    assert bad == [], "; ".join(bad)
+
+
+def test_no_grading_side_file_is_over_300_lines() -> None:
+    """gpulab.confine, the OS layers, is left as it was (issue 49: "unchanged")."""
+    long = {str(p.relative_to(REPO)): n for pkg in ("autograde", "evidence", "verdict", "course", "grading")
+            for p in (PACKAGE / pkg).rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    assert long == {}, long
 
 
 def test_few_loose_modules_at_the_top_level() -> None:

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 from conftest import COURSE
 
-from gpulab.course.nbgrader_cli import find_labs
+from gpulab.autograde.nbgrader import find_labs
 from gpulab.labs import LABS as TABLE
 
 LABS = find_labs(COURSE)

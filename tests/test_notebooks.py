@@ -24,10 +24,11 @@ import nbformat
 import pytest
 from conftest import COURSE
 
+from gpulab.autograde.gradebook import scores as scores_from_gradebook
+from gpulab.autograde.limits import Limits
+from gpulab.autograde.nbgrader import find_labs, nbgrader
+from gpulab.autograde.run import grade
 from gpulab.confine import isolation
-from gpulab.course.grade import grade, scores_from_gradebook
-from gpulab.course.nbgrader_cli import find_labs, nbgrader
-from gpulab.course.sandbox import Limits
 
 LABS = find_labs(COURSE)
 CRASHES = {"DeadKernelError", "CellTimeoutError", "TimeoutError", "KernelDied"}
@@ -60,7 +61,7 @@ def _errors(nb_path: Path) -> list[tuple[int, str, str]]:
 
 def _manual_points(course: Path, lab: str, student: str) -> float:
     """Points of the cells that autograde leaves to the instructor (written answers)."""
-    from gpulab.course.gradebook import manual_points
+    from gpulab.autograde.gradebook import manual_points
 
     return manual_points(course, lab, student)
 

@@ -100,7 +100,7 @@ def _grade(lab: str) -> tuple[int, str]:
 
     from gradelab import grade_lab, verdicts
 
-    from gpulab.course.gradebook import manual_points
+    from gpulab.autograde.gradebook import manual_points
 
     printed = io.StringIO()
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{lab}-", ignore_cleanup_errors=True) as tmp:  # removed after

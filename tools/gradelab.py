@@ -24,10 +24,10 @@ import nbformat
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gpulab.autograde.limits import Limits  # noqa: E402
+from gpulab.autograde.run import grade  # noqa: E402
 from gpulab.confine import isolation  # noqa: E402
-from gpulab.course.grade import grade  # noqa: E402
 from gpulab.course.release import release  # noqa: E402
-from gpulab.course.sandbox import Limits  # noqa: E402
 
 
 def verdicts(path: Path) -> list[tuple[str, str]]:

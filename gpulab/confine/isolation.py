@@ -114,7 +114,7 @@ class Plan:
         lines = [f"  - {x.name}: {x.how}" for x in self.off()]
         return ("this machine cannot give each submission the full sandbox; missing:\n" + "\n".join(lines) +
                 f"\nGrade on Linux with user namespaces, cgroups and Landlock (docs/instructor.md, \"Threat model\"), "
-                f"or accept the weaker sandbox with `make grade {MAKE_VAR}` (python -m gpulab.course grade "
+                f"or accept the weaker sandbox with `make grade {MAKE_VAR}` (python -m gpulab.autograde "
                 f"{ALLOW_FLAG}); each row of grades.csv then names what was off.")
 
 

@@ -1,7 +1,7 @@
 """Start a student's kernel inside limits: memory and file size (setrlimit), Landlock file rules
 and signal scope, and a Python audit hook that names what was tried.
 
-:class:`gpulab.course.kernel.JailedKernelManager` puts ``python -m gpulab.confine.jail ... --`` in
+:class:`gpulab.autograde.execute.kernel.JailedKernelManager` puts ``python -m gpulab.confine.jail ... --`` in
 front of the kernel command; the jail then *is* the kernel (same pid), so jupyter_client's
 interrupts and kills reach it. Before any student code runs:
 

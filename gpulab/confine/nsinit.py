@@ -175,7 +175,7 @@ def copy_out(quotas: list[tuple[str, int, dict[str, int]]], back: list[str], max
 
 
 def bind_over(pairs: list[tuple[str, str]]) -> None:
-    """Bind each ``source`` read-only over an existing ``target`` (:mod:`gpulab.course.mask`)."""
+    """Bind each ``source`` read-only over an existing ``target`` (:mod:`gpulab.autograde.box.mask`)."""
     for source, target in pairs:
         if not os.path.lexists(target):
             continue

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulab.course.nbgrader_cli import find_labs, nbgrader
+from gpulab.autograde.nbgrader import find_labs, nbgrader
 
 
 @dataclass

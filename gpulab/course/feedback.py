@@ -32,10 +32,10 @@ from nbformat.notebooknode import NotebookNode
 from nbgrader.preprocessors import ClearHiddenTests
 from traitlets import Bool
 
-from gpulab.course import integrity
-from gpulab.course.links import read_regular
-from gpulab.course.nbgrader_cli import find_labs, nbgrader
-from gpulab.course.students import alias, from_csv
+from gpulab.autograde.box import integrity
+from gpulab.autograde.box.links import read_regular
+from gpulab.autograde.nbgrader import find_labs, nbgrader
+from gpulab.autograde.students import alias, from_csv
 
 BEGIN, END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 
@@ -152,7 +152,7 @@ class HideHiddenTests(ClearHiddenTests):
     enforce_metadata = Bool(False, help="feedback never fails on a cell that is not a grade cell").tag(config=True)
 
     def preprocess(self, nb: NotebookNode, resources: Any) -> tuple[NotebookNode, Any]:
-        from gpulab.course.gradebook import db_url
+        from gpulab.autograde.gradebook import db_url
 
         info = (resources or {}).get("nbgrader", {})
         self._secrets: set[str] = set()
@@ -339,7 +339,7 @@ def _page(course: Path, student: str, lab: str, notebooks: list[str], body: str)
 def feedback(course: str | Path, lab: str | None = None) -> dict[str, dict[str, Any]]:
     """``nbgrader generate_feedback`` for each lab, then a leak check of every page: {lab: {"pages": n,
     "notes": n, "leaks": {html_path: [hidden lines]}, "failed": {student: why}, "error": str | None}}."""
-    from gpulab.course.gradebook import db_url
+    from gpulab.autograde.gradebook import db_url
 
     course = Path(course).resolve()
     labs = [lab] if lab else find_labs(course)

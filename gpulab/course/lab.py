@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulab.course.execution import write_nbgrader_config
-from gpulab.course.nbgrader_cli import find_labs, nbgrader_env
+from gpulab.autograde.execute.config import write_nbgrader_config
+from gpulab.autograde.nbgrader import find_labs, nbgrader_env
 
 # nbgrader's JupyterLab plugins a student must not see (Validate, "@jupyter/nbgrader:validate-assignment", stays)
 INSTRUCTOR_PLUGINS = (

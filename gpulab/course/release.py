@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from gpulab.course.nbgrader_cli import find_labs, nbgrader
+from gpulab.autograde.nbgrader import find_labs, nbgrader
 from gpulab.course.validate import validate
 
 

@@ -1,5 +1,5 @@
 """``make check``'s verdict on one notebook: nbgrader's own validation result, with the configuration
-of the Validate button in ``make lab``'s JupyterLab (:mod:`gpulab.course.execution`'s limits).
+of the Validate button in ``make lab``'s JupyterLab (:mod:`gpulab.autograde.execute.config`'s limits).
 
 ``nbgrader validate`` prints for a person and exits 0 either way, and its log can hold words such
 as ``ValueError`` on a notebook that passes. So nbgrader's ``Validator`` runs as the button runs it
@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpulab.course.execution import write_nbgrader_config
-from gpulab.course.nbgrader_cli import nbgrader_env
+from gpulab.autograde.execute.config import write_nbgrader_config
+from gpulab.autograde.nbgrader import nbgrader_env
 
 # what the child prints before its JSON line, so stray prints of the notebook cannot be mistaken for it
 _MARK = "gpulab-validate-result: "

@@ -284,7 +284,7 @@ def report(f: Facts | None = None) -> dict[str, Any]:
     """The whole report as a JSON-able dict.
 
     While lab 00 is graded, the diagnosis is the student's exercise and is masked
-    (:mod:`gpulab.course.mask`): the report then has the facts and no findings, and says so.
+    (:mod:`gpulab.autograde.box.mask`): the report then has the facts and no findings, and says so.
     """
     f = f or probe()
     try:

@@ -3,7 +3,7 @@
 - :mod:`~gpulab.grading.checks`: :class:`GradingError` and the ``check_*`` helpers (re-exported
   here, so test cells write ``grading.check_close(...)``). Interactively they decide at once;
   under ``make grade`` they only send evidence, and the grader decides outside the kernel
-  (:mod:`~gpulab.grading.evidence`, :mod:`~gpulab.verdict.check`).
+  (:mod:`gpulab.evidence`, :mod:`gpulab.verdict`).
 - :func:`seed`, :func:`rng`: inputs drawn from the grading run's seed. A hidden test sends only
   what the student's code made of them; the same test run against the solution in the reference
   kernel gives the expected side (:mod:`~gpulab.grading.checks`).
@@ -12,7 +12,7 @@
   by the grader from outside the kernel and judged by a rule.
 - ``gpulab.grading.labNN``: one module per lab with the graders its hidden tests call, and a
   public ``REFERENCES`` tuple: gpulab's reference implementations of that lab's exercises, which
-  are masked in the student's kernel while it is graded (:mod:`gpulab.course.mask`).
+  are masked in the student's kernel while it is graded (:mod:`gpulab.autograde.box.mask`).
 
 The library (instruments and references) never imports this package; it imports the library.
 Importing it does not import torch: the grader's own process uses :mod:`gpulab.verdict`.
@@ -29,7 +29,7 @@ from gpulab.grading.checks import (
     check_rule,
     check_shape,
 )
-from gpulab.grading.evidence import rng, seed
+from gpulab.grading.inputs import rng, seed
 from gpulab.grading.measured import check_measured
 
 __all__ = ["GradingError", "catch", "check", "check_equal", "check_close", "check_shape", "check_between", "check_rule",

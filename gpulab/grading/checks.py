@@ -2,7 +2,7 @@
 
 Each ``check_*`` takes what the student's code produced, with a ``what`` (what is checked) and a
 ``hint`` (where to look). What it does depends on where the cell runs
-(:func:`gpulab.grading.evidence.mode`):
+(:func:`gpulab.evidence.wire.mode`):
 
 - **interactively** (Run All, Validate, ``make check``) it compares with the ``expected`` value
   written in the visible test and raises :class:`GradingError` (an ``AssertionError``, so
@@ -30,8 +30,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from gpulab.grading import evidence
-from gpulab.grading.evidence import GRADED, INTERACTIVE, REFERENCE, encode
+from gpulab.evidence import wire
+from gpulab.evidence.codec import decode, encode
+from gpulab.evidence.records import Check
+from gpulab.evidence.wire import GRADED, INTERACTIVE, REFERENCE
 from gpulab.i18n import messages
 from gpulab.verdict import check as judge
 from gpulab.verdict import rules
@@ -61,21 +63,18 @@ def _raise(spec: dict[str, Any], why: str | None) -> None:
 
 def _check(spec: dict[str, Any], actual: Callable[[], Any], expected: Any = NOT_GIVEN) -> None:
     """Send or decide one check. ``actual`` is a thunk: :func:`check_shape` sends less than the value."""
-    m = evidence.mode()
+    m = wire.mode()
     if m == GRADED:  # the student's value, and nothing else: the expected side is not here
-        evidence.emit({"kind": "check", "value": actual()})
+        wire.emit(Check(actual()))
         return
     value = actual()
     if m == REFERENCE:  # the solution's value is the expected one; a literal of the test is kept beside it
-        record = {"kind": "check", "spec": spec, "value": value}
-        if expected is not NOT_GIVEN:
-            record["expected"] = encode(expected)
-        evidence.emit(record)
+        wire.emit(Check(value, spec) if expected is NOT_GIVEN else Check(value, spec, encode(expected)))
         return
     if expected is NOT_GIVEN:  # a hidden test run interactively (the source): nothing to compare with here
         return
     spec = messages.localize(spec, messages.student_lang())
-    _raise(spec, judge.verdict(spec, judge.decode(value), judge.decode(encode(expected))))
+    _raise(spec, judge.verdict(spec, decode(value), decode(encode(expected))))
 
 
 def _spec(kind: str, what: str, hint: str, **params: Any) -> dict[str, Any]:
@@ -88,7 +87,7 @@ def check(condition: Any, what: str, hint: str = "") -> None:
     It is never evidence: under the grader it sends nothing and decides nothing (a boolean the
     kernel computed proves nothing), so a cell's points always rest on value checks beside it.
     """
-    if evidence.mode() == INTERACTIVE and not condition:
+    if wire.mode() == INTERACTIVE and not condition:
         raise GradingError(judge.verdict(messages.localize(_spec("true", what, hint), messages.student_lang()), False))
 
 
@@ -121,7 +120,7 @@ def check_shape(tensor: Any, shape: Any = NOT_GIVEN, *, what: str, hint: str = "
 def check_between(value: float, lo: float | None, hi: float | None, *, what: str, hint: str = "") -> None:
     """``lo <= value <= hi`` (either bound may be None): the bounds are the contract, given in the
     test and taken by the grader from the reference run's."""
-    m = evidence.mode()
+    m = wire.mode()
     lo_, hi_ = (None, None) if m == GRADED else (lo, hi)
     _check(_spec("between", what, hint, lo=_float(lo_), hi=_float(hi_)), lambda: encode(value),
            NOT_GIVEN if m != INTERACTIVE else None)
@@ -133,16 +132,13 @@ def check_rule(value: Any, rule: str, *, what: str, hint: str = "", **params: An
     differ from the solution's. ``params`` (plain values) go to the rule with the reference's check.
 
     Interactively the rule sees no reference (``ref=None``) and judges what it can alone."""
-    m = evidence.mode()
+    m = wire.mode()
     spec = _spec("rule", what, hint, rule=str(rule), params=encode(params) if m != GRADED else None)
-    if m == GRADED:
-        evidence.emit({"kind": "check", "value": encode(value)})
-        return
-    if m == REFERENCE:
-        evidence.emit({"kind": "check", "spec": spec, "value": encode(value)})
+    if m != INTERACTIVE:
+        wire.emit(Check(encode(value), spec if m == REFERENCE else None))
         return
     spec = messages.localize(spec, messages.student_lang())
-    why = rules.judge(rule, judge.decode(encode(value)), None, **params)
+    why = rules.judge(rule, decode(encode(value)), None, **params)
     _raise(spec, None if why is None else judge.fail(spec, why))
 
 
@@ -173,7 +169,7 @@ def catch(exc_type: type[BaseException] | tuple[type[BaseException], ...], fn: C
         raised = None
     except Exception as err:  # the exception is the evidence
         raised = err
-    m = evidence.mode()
+    m = wire.mode()
     spec = _spec("raises", what, hint, types=_names(exc_type) if m != GRADED else None,
                  match=match if m != GRADED else None)
     _check(spec, lambda: encode(raised), NOT_GIVEN if m != INTERACTIVE else None)

@@ -86,7 +86,7 @@ def require(namespace: Mapping[str, Any], *names: str) -> None:
 
 def masked(reference: Any) -> bool:
     """Whether ``reference`` is one of gpulab's references masked while this lab is graded
-    (:mod:`gpulab.course.mask`: its code only raises ``gpulab.MaskedReference``)."""
+    (:mod:`gpulab.autograde.box.mask`: its code only raises ``gpulab.MaskedReference``)."""
     return any("MaskedReference" in code.co_names for code in _codes(reference))
 
 

@@ -16,7 +16,7 @@ from gpulab.devices.machine import MachineSpec, choose_backend, place_ranks
 __all__ = ["REFERENCES", "random_batch", "random_machines", "placement_facts", "doctor_says", "FINDINGS"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask): the batch walker behind to_device, the backend and placement rules, and the
+# (gpulab.autograde.box.mask): the batch walker behind to_device, the backend and placement rules, and the
 # doctor's diagnosis behind triage (the doctor's report then shows no findings while grading).
 REFERENCES: tuple = (tree_map, choose_backend, place_ranks, diagnose, compatibility_notes)
 

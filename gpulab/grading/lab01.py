@@ -2,7 +2,7 @@
 from the grading run's seed (intervals, kernels, loop profiles, ``key_averages()`` tables, loop C's
 batches, a model to profile).
 
-Everything here returns plain values for the test cells to send (:mod:`gpulab.grading.evidence`);
+Everything here returns plain values for the test cells to send (:mod:`gpulab.evidence.codec`);
 nothing decides a verdict. The expected values are the references' answers on the same inputs,
 computed only in the reference kernel (``grading.by_reference``).
 """
@@ -27,7 +27,7 @@ __all__ = ["REFERENCES", "outcome", "outcomes", "interval_cases", "kernel_cases"
            "annotations", "seeded_training", "train_plain", "phases_case", "phases_run", "plain_loop"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask). profile_loop's LoopProfile survives the busy fraction and the classification
+# (gpulab.autograde.box.mask). profile_loop's LoopProfile survives the busy fraction and the classification
 # being masked (gpulab.profiling.result). Left out: profile_loop and TorchTrace (the demos record with
 # them; a profile_training that calls them shows their gpulab/... ranges in its trace, which the test
 # compares with the reference's), and DeviceValue.item / __repr__ (methods cannot be masked; the sync

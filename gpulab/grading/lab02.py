@@ -48,7 +48,7 @@ __all__ = ["REFERENCES", "outcome", "WorkerCensus", "observe_sweep", "pick_cases
            "run_epoch", "device_only", "probe_pipeline", "timed_setup", "PAD"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask): the normalisation (on the device, and the naive host version it must match),
+# (gpulab.autograde.box.mask): the normalisation (on the device, and the naive host version it must match),
 # the cache, the echo, the tuned pipeline that assembles them, and the worker sweep and choice. The
 # baseline pipeline and the instruments (sweep_loader, tune_loader, TransferLog, record_moves,
 # profile_loop) stay: the demos and these graders use them.

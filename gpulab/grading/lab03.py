@@ -34,7 +34,7 @@ __all__ = ["REFERENCES", "MiB", "CACHE_BUDGET", "storage_cases", "reference_stor
            "gpulab_bases", "open_h5_files"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask): the chunk rule for random reads and the cache rule behind choose_storage
+# (gpulab.autograde.box.mask): the chunk rule for random reads and the cache rule behind choose_storage
 # (suggest_chunks(access="chunk"), which the demos and the baseline use, keeps working), and the
 # chunk-aware sampler behind ChunkShuffle (the lab's demo of groups of chunks is skipped while
 # graded). H5Dataset, the reference of LazyH5, stays: every demo and test reads through it.

@@ -43,7 +43,7 @@ __all__ = ["REFERENCES", "where", "scatter_cases", "scatter_facts", "gather_case
            "dp_peaks"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask). Only step_memory: see the module doc for why the others stay.
+# (gpulab.autograde.box.mask). Only step_memory: see the module doc for why the others stay.
 REFERENCES: tuple = (step_memory,)
 
 

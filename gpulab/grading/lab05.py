@@ -27,7 +27,7 @@ __all__ = ["REFERENCES", "lab_devices", "parallel_step", "single_step", "wide_ou
            "search", "reference_search", "lr_cases", "lr_table", "gpulab_parallel_loss", "largest_batch", "scaled_lr"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask): the balanced criterion and its function form (exercise 1), the batch search
+# (gpulab.autograde.box.mask): the balanced criterion and its function form (exercise 1), the batch search
 # and the bisection it shares with lab 08 (exercise 2), and the learning-rate rule (exercise 3).
 # DataParallelModel and time_to_target stay: the demos and the tests run them, and neither is an answer.
 REFERENCES: tuple = (DataParallelCriterion, gpulab_parallel_loss, largest_batch, bisect_largest, scaled_lr)

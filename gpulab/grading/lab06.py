@@ -83,7 +83,7 @@ __all__ = ["REFERENCES", "sampler_cases", "sampler_shards", "loader_cases", "loa
            "ready_order", "rebuilt_buckets", "torch_ddp_buckets", "head_first_net", "refusing_torch_bucket_rule",
            "SCRIPT", "ScriptError", "require_script", "run_scripts", "single_process_training"]
 
-# gpulab's reference implementations of lab 06's exercises, masked in a graded kernel (gpulab.course.mask):
+# gpulab's reference implementations of lab 06's exercises, masked in a graded kernel (gpulab.autograde.box.mask):
 # the per-parameter and bucketed DDP classes (and the bucket helper a student could build on), the bucket
 # plan, the mixed-precision step, and the unused-parameter probe. Left out, with reasons:
 # - gpulab's DistributedSampler: torch's own DistributedSampler gives the same shards and cannot be

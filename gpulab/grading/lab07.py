@@ -54,7 +54,7 @@ __all__ = ["REFERENCES", "StepTimeout", "lab_devices", "run_with_timeout", "refe
            "whole_step", "named_gradients", "exact_float32", "FLOAT32_RTOL", "FLOAT32_ATOL", "OVERLAPPED"]
 
 # gpulab's reference implementations of lab 07's exercises, masked in a graded kernel
-# (gpulab.course.mask): GPipe's training step, the pipeline's overlapped CPU schedule (behind
+# (gpulab.autograde.box.mask): GPipe's training step, the pipeline's overlapped CPU schedule (behind
 # PipelinedModel, which then runs its micro-batches one after the other: the lab's demos still run,
 # a submission that wraps PipelinedModel does not overlap), the bubble formula, and the two-rank
 # torch.distributed.pipelining step (graded in lab07_torch).

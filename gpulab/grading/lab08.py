@@ -46,7 +46,7 @@ __all__ = ["REFERENCES", "count_host_reads", "cnn", "cnn_batches", "Recorder", "
            "checkpointed_forward", "fp32_step", "bf16_peak_bar"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask): the loops (exercises 1-2); the step that splits the batch on out-of-memory,
+# (gpulab.autograde.box.mask): the loops (exercises 1-2); the step that splits the batch on out-of-memory,
 # with its attempt and its gradient accumulation (exercise 3: the demo after it says so while
 # grading); and the bf16 and checkpointed steps with the split (exercise 4). fp32_step stays: it
 # is the float32 baseline the demos and the tests measure, not an answer. find_max_batch_size

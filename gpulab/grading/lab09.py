@@ -47,7 +47,7 @@ __all__ = ["REFERENCES", "TiedMLP", "random_partition_cases", "balanced_owners",
            "single_process_params", "zero1_tolerance", "bytes_config", "bytes_case", "measure_zero1_bytes", "reference_zero1_bytes",
            "every_micro_batch", "run_accumulation", "calls_per_sync", "single_process_accumulation"]
 
-# gpulab's reference implementations of lab 09's exercises, masked in a graded kernel (gpulab.course.mask):
+# gpulab's reference implementations of lab 09's exercises, masked in a graded kernel (gpulab.autograde.box.mask):
 # the ZeRO-1 optimizer, its largest-first partition (and the helper both call), the ZeRO-2 optimizer
 # (graded in lab09_zero2), the accumulation step, and the FSDP2 wrapping (graded in lab09_fsdp).
 # The lab's demos run torch DDP, torch's ZeroRedundancyOptimizer, FSDP2 and lab 06's NaiveDDP/BucketedDDP

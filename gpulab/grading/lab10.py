@@ -37,7 +37,7 @@ __all__ = ["REFERENCES", "HAND_WORKED", "random_rungs", "promotions", "random_se
            "probe_machine", "one_per_device", "packed_probe", "warm_probe", "PROBE_WAIT_S"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask): the synchronous rule, the asynchronous scheduler and its test, and the packed
+# (gpulab.autograde.box.mask): the synchronous rule, the asynchronous scheduler and its test, and the packed
 # request. replay_halving, asha_continues and rung_milestones are the lab's tools, which the demos
 # use, not answers; Tune's own ASHAScheduler is refused by counting its calls (lab10_asha).
 REFERENCES: tuple = (successive_halving, PromotionASHA, promoted, packed_resources)

@@ -37,7 +37,7 @@ __all__ = ["REFERENCES", "TOLERANCE", "conjugate_case", "run_conjugates", "expec
            "run_linear", "expected_linear", "block_cases", "run_block", "expected_block", "analytic_comm",
            "weight_bytes_per_rank", "dtensor_block"]
 
-# gpulab's reference implementations of lab 11's exercises, masked in a graded kernel (gpulab.course.mask).
+# gpulab's reference implementations of lab 11's exercises, masked in a graded kernel (gpulab.autograde.box.mask).
 # The lab's demos that need a tensor-parallel block take the student's (yours_or_reference); the DTensor,
 # sequence-parallel, 2-D and timing demos use none of these.
 REFERENCES: tuple = (CopyToParallel, ReduceFromParallel, copy_to_parallel, reduce_from_parallel,

@@ -27,7 +27,7 @@ __all__ = ["REFERENCES", "flops_cases", "counted_flops", "analytic_flops", "step
            "block_input", "block_outputs", "run_many", "SMALL", "CALLS"]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
-# (gpulab.course.mask). count_flops and TransformerBlock stay: FlopCounterMode is the instrument the
+# (gpulab.autograde.box.mask). count_flops and TransformerBlock stay: FlopCounterMode is the instrument the
 # exercise is checked against, not its answer.
 REFERENCES: tuple = (transformer_block_flops, classify_step, clipped_block_fused)
 

@@ -29,15 +29,17 @@ import resource
 import time
 from typing import Any, Callable
 
-from gpulab.grading import evidence
+from gpulab.evidence import wire
+from gpulab.evidence.codec import encode
+from gpulab.evidence.records import Measured, Result
+from gpulab.grading import inputs
 from gpulab.grading.checks import GradingError
-from gpulab.grading.evidence import encode
 from gpulab.i18n import messages
 from gpulab.verdict import check as judge
 from gpulab.verdict import rules
 from gpulab.verdict.rules import Measurement
 
-__all__ = ["check_measured", "MeasuredByGrader"]
+__all__ = ["check_measured", "MeasuredByGrader", "register_measured", "run_measured"]
 
 Work = Callable[[int], Any]
 
@@ -107,15 +109,13 @@ def check_measured(work: Work, *, what: str, rule: str, hint: str = "", repeats:
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
-    m = evidence.mode()
-    if m != evidence.INTERACTIVE:
-        record: dict[str, Any] = {"kind": "measured", "id": evidence.register_measured(work)}
-        if m == evidence.REFERENCE:
-            record["spec"] = {"kind": "measured", "what": what, "hint": hint, "rule": rule, "params": encode(params),
-                              "repeats": repeats, "warmup": warmup, "rtol": rtol, "atol": atol}
-        evidence.emit(record)
+    m = wire.mode()
+    if m != wire.INTERACTIVE:
+        spec = {"kind": "measured", "what": what, "hint": hint, "rule": rule, "params": encode(params),
+                "repeats": repeats, "warmup": warmup, "rtol": rtol, "atol": atol}
+        wire.emit(Measured(register_measured(work), spec if m == wire.REFERENCE else None))
         return MeasuredByGrader(what)
-    seeds = random.Random(f"{evidence.seed()}:measured:{what}").sample(range(2**30), warmup + repeats)
+    seeds = random.Random(f"{inputs.seed()}:measured:{what}").sample(range(2**30), warmup + repeats)
     for s in seeds[:warmup]:
         work(s)
     runs = [measure_here(work, s)[0] for s in seeds[warmup:]]
@@ -124,3 +124,25 @@ def check_measured(work: Work, *, what: str, rule: str, hint: str = "", repeats:
     if why:
         raise GradingError(judge.fail(spec, why))
     return runs
+
+
+# ---- the grader's measured requests ----------------------------------------------------------
+
+_MEASURED: dict[int, Work] = {}
+
+
+def register_measured(work: Work) -> int:
+    """Keep ``work`` (``fn(seed)``) for the grader's measured requests; returns its id."""
+    ident = len(_MEASURED)
+    _MEASURED[ident] = work
+    return ident
+
+
+def run_measured(ident: int, seed_: int) -> None:
+    """What the grader's measured request runs: the one piece of work ``ident`` names, on a seed it
+    reveals only now; the result goes back as evidence, to be compared with the reference run's."""
+    result = _MEASURED[ident](seed_)
+    from gpulab.devices.physical import synchronize_all
+
+    synchronize_all()  # the grader's clock stops at the reply: queued GPU work must be done by then
+    wire.emit(Result(encode(result)))

@@ -48,7 +48,7 @@ c.Exchange.root = {exchange!r}
 c.Exchange.path_includes_course = False
 {extra}
 # the course's execution limits: the same cell timeout for Validate as for make grade
-from gpulab.course.execution import configure  # noqa: E402
+from gpulab.autograde.execute.config import configure  # noqa: E402
 
 configure(c)
 '''

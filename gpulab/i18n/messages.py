@@ -97,7 +97,7 @@ def cells(nb_path: Path) -> list[Any]:
 # {1}"), one catalogue for the kit (``notebooks/i18n/<lang>/gpulab.judge.po``)
 KIT = "gpulab"
 JUDGE = Path(__file__).resolve().parents[1] / "verdict" / "check.py"
-VERDICTS = ("verdict", "_close", "_array_close", "_difference", "_between", "_ratio", "_raises")
+VERDICTS = ("verdict", "_close", "_array_close", "_difference", "_between", "_raises")
 JUDGE_SUFFIX = ".judge"
 
 

@@ -6,7 +6,7 @@ busy intervals, and the derived figures: ``busy_fraction``, ``fractions``, ``bou
 ``summary()`` and ``plot()``.
 
 While lab 01 is graded, the busy fraction and the classification are the student's exercises and
-gpulab's versions are masked (:mod:`gpulab.course.mask`): a profile then takes its busy fraction
+gpulab's versions are masked (:mod:`gpulab.autograde.box.mask`): a profile then takes its busy fraction
 from the per-step device time it measured (the same figure), and its bound and verdict say they
 are hidden, so the lab's demos still run.
 """

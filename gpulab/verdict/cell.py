@@ -19,6 +19,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab.evidence.codec import EvidenceError, decode
+from gpulab.evidence.records import ABSENT, Check, Measured, MeasuredEntry, parse, parse_entry
 from gpulab.i18n import messages
 from gpulab.verdict import check as judge
 from gpulab.verdict import rules
@@ -78,13 +80,13 @@ def measured_verdict(spec: dict[str, Any], mine: MeasuredRuns, ref: MeasuredRuns
         for i, (got, want) in enumerate(zip(mine.results, ref.results)):
             try:
                 why = judge.verdict({"kind": "close", "what": f"the result of run {i + 1}", "rtol": spec.get("rtol"),
-                                     "atol": spec.get("atol")}, judge.decode(got), judge.decode(want))
-            except judge.EvidenceError as err:
+                                     "atol": spec.get("atol")}, decode(got), decode(want))
+            except EvidenceError as err:
                 why = f"the result of run {i + 1} could not be read: {err}"
             if why:
                 return judge.fail(spec, f"the measured work did not give the reference's result ({why})"), ""
     figures = f"{what}: {describe(mine.measurements)} (measured by the grader)"
-    params = judge.decode(spec.get("params") if spec.get("params") is not None else {"$dict": []})
+    params = decode(spec.get("params") if spec.get("params") is not None else {"$dict": []})
     if not isinstance(params, dict) or not all(isinstance(k, str) and k.isidentifier() for k in params):
         return judge.fail(spec, "the check's parameters could not be read"), figures
     why = rules.judge(str(spec.get("rule")), mine.measurements, ref.measurements if ref else None, **params)
@@ -101,14 +103,10 @@ class CellResult:
     note: str = ""                 # what a human should look at (grades.csv)
 
 
-def _is(record: Any, kind: str) -> bool:
-    return isinstance(record, dict) and record.get("kind") == kind
-
-
-def expected_of(entry: dict[str, Any]) -> Any:
-    """A reference entry's expected side: the visible test's literal if it gave one, else the
+def expected_of(entry: Check) -> Any:
+    """A reference check's expected side: the visible test's literal if it gave one, else the
     solution's own value of the same check."""
-    return entry["expected"] if "expected" in entry else entry.get("value")
+    return entry.value if entry.expected is ABSENT else entry.expected
 
 
 def judge_cell(reference: dict[str, Any], records: list[Any], runs: dict[int, MeasuredRuns], kernel_error: str,
@@ -129,37 +127,40 @@ def judge_cell(reference: dict[str, Any], records: list[Any], runs: dict[int, Me
     return result
 
 
-def _judge(entries: list[dict[str, Any]], records: list[Any], runs: dict[int, MeasuredRuns], kernel_error: str,
+def _judge(raw_entries: list[Any], raw_records: list[Any], runs: dict[int, MeasuredRuns], kernel_error: str,
            lang: str | None, ref_runs: dict[int, MeasuredRuns] | None) -> CellResult:
     figures: list[str] = []
-    if len(records) > len(entries):  # a value for every check and no more: forged or doubled evidence fails first
-        why = (f"the cell sent {len(records) - len(entries)} more value(s) than its checks make "
+    if len(raw_records) > len(raw_entries):  # a value for every check and no more: forged or doubled evidence fails first
+        why = (f"the cell sent {len(raw_records) - len(raw_entries)} more value(s) than its checks make "
                "(a check called from your own code, or evidence sent by hand)")
         return CellResult(False, why, figures, note=why)
-    for n, entry in enumerate(entries):
-        spec = messages.localize(entry.get("spec", {}), lang)  # the student's language, if translated
+    for n, raw in enumerate(raw_entries):
+        entry = parse_entry(raw)
+        if entry is None:
+            return CellResult(False, f"the grader's reference for check {n + 1} is unreadable", figures)
+        spec = messages.localize(entry.spec, lang)  # the student's language, if translated
         what = spec.get("what") or f"check {n + 1}"
-        if n >= len(records):
+        if n >= len(raw_records):
             stop = f": {kernel_error}" if kernel_error else ""
             return CellResult(False, f"the test stopped before checking {what}{stop}", figures)
-        got = records[n]
-        if _is(entry, "measured"):
-            if not _is(got, "measured") or n not in runs:
+        got = parse(raw_records[n])
+        if isinstance(entry, MeasuredEntry):
+            if not isinstance(got, Measured) or n not in runs:
                 why = f"{what}: the cell did not hand its measured work to the grader"
                 return CellResult(False, why, figures, note=why)
-            ref = (ref_runs or {}).get(n) or MeasuredRuns.from_json(entry["runs"])
+            ref = (ref_runs or {}).get(n) or MeasuredRuns.from_json(entry.runs)
             why, shown = measured_verdict(spec, runs[n], ref)
             if shown:
                 figures.append(shown)
             if why:
                 return CellResult(False, why, figures)
             continue
-        if not _is(got, "check") or "value" not in got:
+        if not isinstance(got, Check):
             why = f"{what}: the cell sent something other than this check's value"
             return CellResult(False, why, figures, note=why)
         try:
-            why = judge.verdict(spec, judge.decode(got["value"]), judge.decode(expected_of(entry)))
-        except (judge.EvidenceError, RecursionError) as err:
+            why = judge.verdict(spec, decode(got.value), decode(expected_of(entry)))
+        except (EvidenceError, RecursionError) as err:
             why = f"{what}: the value sent could not be read ({err or 'nested too deeply'})"
             return CellResult(False, why, figures, note=why)
         if why:
@@ -175,7 +176,8 @@ def self_check(cell: dict[str, Any]) -> str | None:
     if cell.get("error"):
         return f"the reference run raised {cell['error'][:300]}"
     entries = cell["entries"]
-    records = [{"kind": e.get("kind"), "value": e.get("value")} for e in entries]
-    runs = {n: MeasuredRuns.from_json(e["runs"]) for n, e in enumerate(entries) if _is(e, "measured")}
+    records = [{"kind": "measured", "id": 0} if e.get("kind") == "measured" else
+               {"kind": "check", "value": e.get("value")} for e in entries]
+    runs = {n: MeasuredRuns.from_json(e["runs"]) for n, e in enumerate(entries) if e.get("kind") == "measured"}
     result = judge_cell(cell, records, runs, "")
     return None if result.passed else result.message[:300]

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gpulab.autograde.notes import isolation_notes
 from gpulab.confine import cgroups, isolation
 from gpulab.confine.isolation import kill_marked, kill_tree
-from gpulab.course.notes import isolation_notes
 
 PLAN = isolation.detect()
 needs_ns = pytest.mark.skipif(not PLAN.namespaces, reason=f"no namespaces here: {PLAN.why_not_namespaces}")
@@ -218,8 +218,8 @@ def test_make_grade_refuses_a_weaker_sandbox_unless_allowed_and_notes_it(tmp_pat
 
     from conftest import COURSE
 
-    from gpulab.course import gradebook
-    from gpulab.course.__main__ import main as course_main
+    from gpulab.autograde import gradebook
+    from gpulab.autograde.__main__ import main as course_main
     from gpulab.course.release import release
 
     shutil.copytree(COURSE / "source", tmp_path / "source")
@@ -227,7 +227,7 @@ def test_make_grade_refuses_a_weaker_sandbox_unless_allowed_and_notes_it(tmp_pat
     release(tmp_path, "00_setup")
     shutil.copytree(tmp_path / "source" / "00_setup", tmp_path / "submitted" / "alice" / "00_setup")
     monkeypatch.setattr(isolation, "detect", lambda *a, **k: _weak(PLAN))
-    args = ["grade", "--course", str(tmp_path), "--lab", "00_setup", "--jobs", "1", "--quiet"]
+    args = ["--course", str(tmp_path), "--lab", "00_setup", "--jobs", "1", "--quiet"]
     assert course_main(args) == 2
     out, err = capsys.readouterr()
     assert "OFF  namespaces: unshare failed: simulated" in out and "--allow-weaker-sandbox" in err

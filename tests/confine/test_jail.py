@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gpulab.autograde import notes
 from gpulab.confine.jail import landlock_abi
-from gpulab.course import notes
 
 
 def _jail(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -77,7 +77,7 @@ def test_validate_names_the_cell_stopped_by_the_limit() -> None:
     NameError it led to."""
     import nbformat
 
-    from gpulab.course.execution import ValidateExecute
+    from gpulab.autograde.execute.preprocessor import GpulabExecute as ValidateExecute
 
     slow = nbformat.v4.new_code_cell("import time\ntime.sleep(30)\nanswer = 42")
     test = nbformat.v4.new_code_cell("assert answer == 42")
@@ -92,7 +92,7 @@ def test_validate_names_the_cell_stopped_by_the_limit() -> None:
 def test_the_course_and_the_students_lab_share_the_execution_limits(tmp_path) -> None:
     from traitlets.config.loader import PyFileConfigLoader
 
-    from gpulab.course.execution import CELL_TIMEOUT_S
+    from gpulab.autograde.execute.config import CELL_TIMEOUT_S
     from gpulab.course.lab import write_config
 
     student = write_config(tmp_path / "student", instructor=False)

@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from gpulab import grading
-from gpulab.grading import GradingError, evidence
+from gpulab.evidence import wire
+from gpulab.evidence.codec import Dtype, EvidenceError, decode, encode
+from gpulab.evidence.records import to_wire
+from gpulab.grading import GradingError
 from gpulab.verdict import check as judge
 
 
@@ -25,7 +28,7 @@ def sent(monkeypatch):
             monkeypatch.setenv("GPULAB_GRADING", m)
 
     out = Sent()
-    monkeypatch.setattr(evidence, "emit", out.append)
+    monkeypatch.setattr(wire, "emit", lambda record: out.append(to_wire(record)))
     return out
 
 
@@ -90,7 +93,7 @@ def test_graded_kernel_sends_values_and_nothing_else(sent) -> None:
     grading.check_rule({"x": 1}, "lab00.placement", what="f", world_size=3)
     assert [r["kind"] for r in sent] == ["check"] * 5
     assert all(set(r) == {"kind", "value"} for r in sent), sent
-    assert judge.decode(sent[0]["value"]) == 3 and judge.decode(sent[2]["value"]).types[0] == "ValueError"
+    assert decode(sent[0]["value"]) == 3 and decode(sent[2]["value"]).types[0] == "ValueError"
 
 
 def test_reference_kernel_sends_the_check_and_the_solutions_value(sent) -> None:
@@ -101,7 +104,7 @@ def test_reference_kernel_sends_the_check_and_the_solutions_value(sent) -> None:
     grading.check_equal("gloo", "nccl", what="visible backend")
     grading.check(False, "not evidence")
     assert [set(r) for r in sent] == [{"kind", "spec", "value"}, {"kind", "spec", "value", "expected"}]
-    assert judge.decode(sent[0]["value"]) == "nccl" and judge.decode(sent[1]["expected"]) == "nccl"
+    assert decode(sent[0]["value"]) == "nccl" and decode(sent[1]["expected"]) == "nccl"
 
 
 def test_the_judge_decides_like_the_interactive_check(sent) -> None:
@@ -111,7 +114,7 @@ def test_the_judge_decides_like_the_interactive_check(sent) -> None:
              (lambda e: grading.check_equal((1, 2), e, what="pair"), namedtuple("P", "a b")(1, 2))]
     for call, expected in cases:
         call(expected)
-    verdicts = [judge.verdict(r["spec"], judge.decode(r["value"]), judge.decode(r["expected"])) for r in sent]
+    verdicts = [judge.verdict(r["spec"], decode(r["value"]), decode(r["expected"])) for r in sent]
     for (call, expected), why in zip(cases, verdicts):
         with pytest.raises(GradingError) as err:  # the same check, interactively
             evidence_mode_interactive(call, expected)
@@ -145,8 +148,8 @@ def test_close_agrees_with_torch_testing_assert_close() -> None:
                 torch_ok = True
             except AssertionError:
                 torch_ok = False
-            ours = judge.verdict({"kind": "close", "what": "t"}, judge.decode(evidence.encode(other)),
-                                 judge.decode(evidence.encode(base)))
+            ours = judge.verdict({"kind": "close", "what": "t"}, decode(encode(other)),
+                                 decode(encode(base)))
             assert (ours is None) == torch_ok, (dtype, scale, ours)
 
 
@@ -155,15 +158,15 @@ def test_evidence_round_trips_and_hostile_data_is_refused() -> None:
     value = {"t": torch.arange(6, dtype=torch.int16).reshape(2, 3), "b": torch.tensor([1.5], dtype=torch.bfloat16),
              "meta": torch.empty(3, device="meta"), "p": P(1, "a"), "s": {3, 4}, "n": float("nan"), "big": 2**80,
              "dt": torch.uint8, "exc": KeyError("k")}
-    back = judge.decode(evidence.encode(value))
-    assert back["t"] == judge.decode(evidence.encode(torch.arange(6, dtype=torch.int16).reshape(2, 3)))
+    back = decode(encode(value))
+    assert back["t"] == decode(encode(torch.arange(6, dtype=torch.int16).reshape(2, 3)))
     assert float(back["b"].array[0]) == 1.5 and back["meta"].array is None and back["big"] == 2**80
-    assert back["p"] == (1, "a") and back["dt"] == judge.Dtype("uint8") and back["exc"].types[0] == "KeyError"
+    assert back["p"] == (1, "a") and back["dt"] == Dtype("uint8") and back["exc"].types[0] == "KeyError"
     for hostile in ({"$tensor": {"dtype": "float32", "shape": [10**6], "data": "AAAA"}}, {"$pickle": "x"},
                     {"$tensor": {"dtype": "object", "shape": [1], "data": ""}}, {"a": 1, "b": 2},
                     {"$int": "9" * 5000}, eval("[" * 40 + "]" * 40)):
-        with pytest.raises(judge.EvidenceError):
-            judge.decode(hostile)
+        with pytest.raises(EvidenceError):
+            decode(hostile)
 
 
 def test_objects_that_lie_are_only_what_they_encode_to() -> None:
@@ -178,6 +181,6 @@ def test_objects_that_lie_are_only_what_they_encode_to() -> None:
         def __eq__(self, other):
             return True
 
-    assert judge.verdict({"kind": "equal"}, judge.decode(evidence.encode(Liar())), "nccl") is not None
-    assert judge.verdict({"kind": "equal"}, judge.decode(evidence.encode(LyingStr("gloo"))), "nccl") is not None
-    assert judge.verdict({"kind": "close"}, judge.decode(evidence.encode(float("nan"))), 1.0) is not None
+    assert judge.verdict({"kind": "equal"}, decode(encode(Liar())), "nccl") is not None
+    assert judge.verdict({"kind": "equal"}, decode(encode(LyingStr("gloo"))), "nccl") is not None
+    assert judge.verdict({"kind": "close"}, decode(encode(float("nan"))), 1.0) is not None

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from gpulab.accel import SimAccelerator
-from gpulab.course.mask import masked_names
+from gpulab.autograde.box.mask import masked_names
 from gpulab.data.caching import InMemoryCache
 from gpulab.data.crossing import TransferLog
 from gpulab.data.echo import BatchEcho
@@ -23,8 +23,8 @@ from gpulab.data.pipelines import PipelineSetup, model_step, tuned_pipeline
 from gpulab.data.synthetic import SyntheticImages
 from gpulab.data.transfer import normalize_on_host, to_device_normalize
 from gpulab.data.workers import make_loader
+from gpulab.evidence.codec import encode
 from gpulab.grading import lab02
-from gpulab.grading.evidence import encode
 from gpulab.verdict.check import decode, verdict
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from gpulab.course.mask import masked_names, write_masks
+from gpulab.autograde.box.mask import masked_names, write_masks
 from gpulab.data.hdf5 import H5Dataset, make_images, write_h5
+from gpulab.evidence.codec import encode
 from gpulab.grading import lab03
-from gpulab.grading.evidence import encode
 from gpulab.verdict.check import decode, verdict
 
 MiB = 1 << 20

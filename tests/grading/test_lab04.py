@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpulab.course.mask import masked_names, write_masks
+from gpulab.autograde.box.mask import masked_names, write_masks
 from gpulab.devices import MemoryMeter, logical_devices
+from gpulab.evidence.codec import encode
 from gpulab.grading import lab04
-from gpulab.grading.evidence import encode
 from gpulab.parallel import DataParallel, comm
 from gpulab.parallel.dp.data_parallel import data_parallel as gpulab_data_parallel
 from gpulab.parallel.dp.parallel_apply import parallel_apply as gpulab_parallel_apply

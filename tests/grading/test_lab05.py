@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from gpulab import grading
+from gpulab.evidence.codec import encode
 from gpulab.grading import lab05
-from gpulab.grading.evidence import encode
 from gpulab.parallel import comm, parallel_apply
 from gpulab.verdict.check import decode, verdict
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import gpulab
-from gpulab.course.mask import mask_source, masked_names, write_masks
+from gpulab.autograde.box.mask import mask_source, masked_names, write_masks
 from gpulab.devices import logical_devices
 from gpulab.grading import lab07
 from gpulab.grading.lab07 import (

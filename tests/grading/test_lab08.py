@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpulab.evidence.codec import encode
 from gpulab.grading import lab08
-from gpulab.grading.evidence import encode
 from gpulab.grading.lab08 import count_host_reads
 from gpulab.memory.fixes.loops import evaluate, train_epoch
 from gpulab.memory.fixes.savings import checkpointed_forward, segment_sizes

@@ -13,8 +13,8 @@ ray = pytest.importorskip("ray", reason="lab 10 needs the search extra: pip inst
 
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler  # noqa: E402
 
+from gpulab.evidence.codec import encode  # noqa: E402
 from gpulab.grading import lab10, lab10_asha  # noqa: E402
-from gpulab.grading.evidence import encode  # noqa: E402
 from gpulab.verdict import check as judge  # noqa: E402
 
 

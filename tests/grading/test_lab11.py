@@ -10,8 +10,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from gpulab.evidence.codec import encode
 from gpulab.grading import lab11
-from gpulab.grading.evidence import encode
 from gpulab.parallel.tp import fuse_qkv
 from gpulab.verdict.check import decode, verdict
 

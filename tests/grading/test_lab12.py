@@ -8,8 +8,8 @@ import random
 
 import torch
 
+from gpulab.evidence.codec import encode
 from gpulab.grading import lab12
-from gpulab.grading.evidence import encode
 from gpulab.launchbound.bound import BOUNDS, floors
 from gpulab.launchbound.fusion import clipped_block
 from gpulab.verdict.check import decode, verdict

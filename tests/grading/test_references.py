@@ -16,7 +16,7 @@ import pytest
 
 import gpulab
 from gpulab import grading
-from gpulab.course import mask
+from gpulab.autograde.box import mask
 from gpulab.grading import exercises  # noqa: F401 - grading.exercises below
 
 # every labNN module in gpulab/grading, so a new lab's graders are checked without editing this file

@@ -10,10 +10,11 @@ import nbformat
 import pytest
 from conftest import COURSE
 
+from gpulab.autograde.gradebook import scores as scores_from_gradebook
+from gpulab.autograde.limits import Limits
+from gpulab.autograde.nbgrader import nbgrader
+from gpulab.autograde.run import grade
 from gpulab.confine import isolation
-from gpulab.course.grade import grade, scores_from_gradebook
-from gpulab.course.nbgrader_cli import nbgrader
-from gpulab.course.sandbox import Limits
 from gpulab.i18n import build, catalog
 
 pytestmark = pytest.mark.notebook

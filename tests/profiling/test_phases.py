@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from gpulab.evidence.codec import encode
 from gpulab.grading import lab01
-from gpulab.grading.evidence import encode
 from gpulab.profiling.phases import DATA, STEP, Stopwatch, profile_phases, trace_shares
 from gpulab.verdict import check as judge
 

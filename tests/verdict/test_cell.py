@@ -4,8 +4,8 @@ grader measured, and the reference run held to its own tests."""
 
 from __future__ import annotations
 
-from gpulab.course.expected import Expected
-from gpulab.grading.evidence import encode
+from gpulab.autograde.expected import Expected
+from gpulab.evidence.codec import encode
 from gpulab.verdict import cell
 from gpulab.verdict.cell import MeasuredRuns, judge_cell
 from gpulab.verdict.rules import Measurement

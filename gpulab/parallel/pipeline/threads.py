@@ -224,7 +224,7 @@ def run_in_stage_threads(run: StageThreads, sweep: Sweep) -> list[Any]:
     Returns what the last stage of ``sweep.order`` produced, per micro-batch.
 
     A function rather than a method so that it can be masked while lab 07 is graded (it is that
-    lab's exercise, :mod:`gpulab.course.mask`); :class:`StageThreads` then runs the same work one
+    lab's exercise, :mod:`gpulab.autograde.box.mask`); :class:`StageThreads` then runs the same work one
     micro-batch after the other.
     """
     # unbounded queues: a put never blocks, so a fast stage runs ahead of a slow one
