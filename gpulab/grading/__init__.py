@@ -7,6 +7,8 @@
 - :func:`seed`, :func:`rng`: inputs drawn from the grading run's seed. A hidden test sends only
   what the student's code made of them; the same test run against the solution in the reference
   kernel gives the expected side (:mod:`~gpulab.grading.checks`).
+- :func:`interactive_expected`: a visible test's expected value, computed only when the student
+  runs it (never under the grader).
 - :func:`check_rule`: a property judged by a rule of :mod:`gpulab.verdict` (several right answers).
 - :func:`check_measured` (:mod:`~gpulab.grading.measured`): the cost of a piece of work, measured
   by the grader from outside the kernel and judged by a rule.
@@ -28,9 +30,10 @@ from gpulab.grading.checks import (
     check_raises,
     check_rule,
     check_shape,
+    interactive_expected,
 )
 from gpulab.grading.inputs import rng, seed
 from gpulab.grading.measured import check_measured
 
 __all__ = ["GradingError", "catch", "check", "check_equal", "check_close", "check_shape", "check_between", "check_rule",
-           "check_raises", "seed", "rng", "check_measured"]
+           "check_raises", "interactive_expected", "seed", "rng", "check_measured"]

@@ -56,6 +56,16 @@ class _NotGiven:
 NOT_GIVEN: Any = _NotGiven()
 
 
+def interactive_expected(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` when the student runs a visible test (Run All, Validate), so that the
+    check can answer at once; under the grader, :data:`NOT_GIVEN` without calling ``fn``.
+
+    For visible tests only (the audit refuses it in a hidden test). Graded, the check's arguments
+    hold no expected value and nothing that yields one: the reference run's solution gives it.
+    """
+    return fn(*args, **kwargs) if wire.mode() == INTERACTIVE else NOT_GIVEN
+
+
 def _raise(spec: dict[str, Any], why: str | None) -> None:
     if why:
         raise GradingError(why)

@@ -4,7 +4,8 @@ Read from every source notebook's test cells (nothing is run). In the hidden par
 which the student never sees:
 - no check is given an expected value: ``check_equal``, ``check_close`` and ``check_shape`` name
   only the student's value (the reference run's solution gives the other side);
-- nothing computes an expected value by other means (``by_reference`` is gone; no ``expected=``);
+- nothing computes an expected value by other means (``by_reference`` is gone; no ``expected=``;
+  no ``interactive_expected``, which a visible test may use: it yields nothing under the grader);
 - no ``grading.check(condition)``: it sends nothing under the grader, so in a hidden test it is
   dead code that reads as a check.
 In every test cell: at least one check that sends evidence (a cell with none would score its points
@@ -53,6 +54,8 @@ def problems(grade_id: str, source: str) -> list[str]:
         name = _name(call)
         if name in VALUE_CHECKS and (len(call.args) > 1 or any(k.arg in ("expected", "shape") for k in call.keywords)):
             out.append(f"{grade_id}: a hidden {name} is given an expected value (line {call.lineno} of the hidden part)")
+        if name == "interactive_expected":
+            out.append(f"{grade_id}: a hidden interactive_expected: a hidden test names no expected value (line {call.lineno})")
         if name == "check" and isinstance(call.func, ast.Attribute):
             out.append(f"{grade_id}: a hidden grading.check(...) sends nothing under the grader (line {call.lineno})")
     names = {_name(c) for c in _calls(source)} | {n.id for n in ast.walk(ast.parse(re.sub(r"^\s*[%!].*$", "", source,
@@ -79,9 +82,11 @@ grading.check_equal(f(x), g(x), what="hidden")
 grading.check_close(f(x), expected=g(x), what="hidden")
 grading.check(f(x) == 3, "hidden")
 grading.check_equal(f(x), grading.by_reference(g, x), what="hidden")
+grading.check_equal(f(x), grading.interactive_expected(g, x), what="hidden")
 ### END HIDDEN TESTS'''
     found = problems("bad", bad)
-    assert len([p for p in found if "given an expected value" in p]) == 3, found
+    assert len([p for p in found if "given an expected value" in p]) == 4, found
+    assert any("hidden interactive_expected" in p for p in found), found
     assert any("sends nothing" in p for p in found) and any("by_reference" in p for p in found), found
     assert problems("none", 'grading.check(True, "x")') == ["none: no check that sends evidence: its points would "
                                                            "be scored for nothing"]
