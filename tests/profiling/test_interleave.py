@@ -120,15 +120,16 @@ def test_time_interleaved_times_queued_gpu_work_not_its_launch(monkeypatch) -> N
     assert len(queue.syncs) == 2 * 2 * 2 * 2  # before and after each of 4 calls, on both devices in use
 
 
-def test_a_speedup_timed_here_or_by_the_grader_waits_for_queued_gpu_work(monkeypatch) -> None:
+def test_a_measured_check_here_or_for_the_grader_waits_for_queued_gpu_work(monkeypatch) -> None:
     from fake_queue import FakeQueue
 
-    from gpulab.grading import evidence, speedup
+    from gpulab.evidence import wire
+    from gpulab.grading import measured
 
     queue = FakeQueue(monkeypatch)
-    wall, _ = speedup._time(lambda seed: queue.launch(0.03), 0)
-    assert wall >= 0.03
-    ident = evidence.register_timed({"candidate": lambda seed: queue.launch(0.03, device=1)})
-    monkeypatch.setattr(evidence, "emit", lambda record: None)
-    evidence.run_timed(ident, "candidate", 1)
+    m, _ = measured.measure_here(lambda seed: queue.launch(0.03), 0)
+    assert m.wall_s >= 0.03
+    ident = measured.register_measured(lambda seed: queue.launch(0.03, device=1))
+    monkeypatch.setattr(wire, "emit", lambda record: None)
+    measured.run_measured(ident, 1)
     assert queue.pending[1] == 0.0  # done before the reply that stops the grader's clock

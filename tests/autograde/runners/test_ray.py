@@ -16,8 +16,10 @@ import pytest
 from conftest import COURSE
 
 from gpulab.autograde import gradebook
+from gpulab.autograde import plan as planning
 from gpulab.autograde import run as grading_run
 from gpulab.autograde.limits import Limits
+from gpulab.autograde.record import NOT_YET
 from gpulab.autograde.runners import ray as cluster
 from gpulab.confine import isolation
 from gpulab.course.release import release
@@ -90,7 +92,7 @@ def test_a_node_killed_then_the_head_killed_lose_no_student_and_count_none_twice
     def graded() -> list[str]:
         if not (course / "grades.csv").exists():
             return []
-        return [s for s, r in _table(course).items() if r["notes"] != grading_run.NOT_YET]
+        return [s for s, r in _table(course).items() if r["notes"] != NOT_YET]
 
     deadline = time.monotonic() + 600
     try:
@@ -110,7 +112,7 @@ def test_a_node_killed_then_the_head_killed_lose_no_student_and_count_none_twice
     assert len(rows) == 4
     _check_scores(course)
     # a run that finished is not resumed: the next one grades everything again
-    assert grading_run.interrupted_rows(course, [(s, LAB) for s in FULL + BLANK]) == {}
+    assert planning.interrupted_rows(course, [(s, LAB) for s in FULL + BLANK]) == {}
 
 
 def test_task_options_follow_the_lab() -> None:
