@@ -75,7 +75,8 @@ def _grade(args: argparse.Namespace) -> int:
         print(f"  {'on ' if layer.on else 'OFF'}  {layer.name}: {layer.how}")
     print("verdicts:\n"
           "  by construction: the grader compares each value the student's code produced, on this run's inputs, with "
-          "the reference run's, in its own process; speed-ups are timed by the grader on results it checks\n"
+          "the reference run's, in its own process; a measured check's cost (modelled device time, the OS's counters) is "
+          "measured by the grader, outside the kernel, on results it checks\n"
           "  only detected (a note): pasted references or classmates' answers, evidence sent by hand, code that "
           "patches gpulab's instruments (their in-kernel figures are only evidence)\n"
           "  left to you: written answers, and the notes in grades.csv (docs/instructor.md, \"Threat model\")")
@@ -91,6 +92,9 @@ def _grade(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print_table(rows, time.perf_counter() - t0)
+    from gpulab.hub.private import settle
+
+    settle(args.course)  # a hub's closed course: what grading wrote is the instructors', not root's or anyone's
     print(f"wrote {Path(args.course) / 'grades.csv'}; nbgrader's log of each submission is in "
           f"{Path(args.course) / 'grading_logs'}")
     return 0

@@ -73,13 +73,20 @@ def free_port(start: int, tries: int = 50, host: str = "127.0.0.1") -> int:
                        f"terminal) or choose another range: make lab PORT=9000")
 
 
+# A terminal's shell without ``-l``: a login shell (what jupyter_server starts when its output is not
+# a terminal, as under make lab or a hub's spawner) reads /etc/profile, which resets PATH and loses
+# the kit's .venv/bin; `python -m gpulab doctor` would then run the machine's python.
+TERMINAL = {"shell_command": ["/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"]}
+
+
 def write_config(folder: str | Path, instructor: bool) -> Path:
     """Write one mode's JupyterLab page and server config into ``folder`` (for ``JUPYTER_CONFIG_PATH``)."""
     folder = Path(folder)
     (folder / "labconfig").mkdir(parents=True, exist_ok=True)
     disabled = [NEWS_PLUGIN] + ([] if instructor else list(INSTRUCTOR_PLUGINS))
     (folder / "labconfig" / "page_config.json").write_text(json.dumps({"disabledExtensions": {p: True for p in disabled}}, indent=1))
-    server = {"ServerApp": {"jpserver_extensions": {ext: instructor for ext in INSTRUCTOR_SERVER_EXTENSIONS}}}
+    server = {"ServerApp": {"jpserver_extensions": {ext: instructor for ext in INSTRUCTOR_SERVER_EXTENSIONS},
+                            "terminado_settings": TERMINAL}}
     (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=1))
     write_nbgrader_config(folder)
     return folder

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpulab.hub import limits, loop, roster, shares, site, users
+from gpulab.hub import limits, loop, private, roster, shares, site, users
 
 DEFAULT_STATE = "/var/lib/gpulab-hub"
 
@@ -109,7 +109,7 @@ def serve(args: argparse.Namespace) -> int:
             if os.geteuid() != 0:
                 raise ValueError("the hub logs users in with PAM and starts their servers as them: run it as root "
                                  "(sudo make hub ROSTER=...)")
-            blocked = site.blocked_dirs([sys.prefix, sys.base_prefix, plan["course"]])
+            blocked = site.blocked_dirs([sys.prefix, sys.base_prefix])
             if blocked:
                 raise ValueError(f"students' servers run the kit's Python ({sys.base_prefix}, .venv {sys.prefix}), but "
                                  f"other users cannot pass through {', '.join(map(str, blocked))}: install Python "
@@ -124,6 +124,9 @@ def serve(args: argparse.Namespace) -> int:
         _summary(plan, people, given, limits.detect())
         if accounts.missing:
             print(f"would create {len(accounts.missing)} account(s): {', '.join(accounts.missing)}")
+        students = [p.user for p in people.students if p.user not in accounts.missing]
+        for why in private.exposed(private.private_paths(plan["course"], state), students):
+            print(f"would close: {why}")
         return 0
     if accounts.missing:
         try:
@@ -134,6 +137,15 @@ def serve(args: argparse.Namespace) -> int:
         print(f"created {len(accounts.missing)} account(s): {', '.join(accounts.missing)}; their passwords are in "
               f"{state / 'new-passwords.csv'} (root only)")
     site.make_state(state)
+    site.make_database(state)
+    closed = private.close(plan["course"], state, [p.user for p in people.instructors])
+    exposed = private.exposed(private.private_paths(plan["course"], state), [p.user for p in people.students])
+    if exposed:
+        print("error: students could still read or write the course's private part:\n  " + "\n  ".join(exposed),
+              file=sys.stderr)
+        return 2
+    print(f"the course's private part is closed to students ({closed} entries changed): {plan['course']} belongs to "
+          f"{private.owner_name(plan['course'])} and the group {private.GROUP}")
     site.make_exchange(plan["exchange"])
     plan["configs"] = {role: str(site.write_role_config(state / "jupyter" / role, role, plan["course_id"],
                                                         plan["exchange"], plan["course"]))
@@ -143,11 +155,6 @@ def serve(args: argparse.Namespace) -> int:
                       "cpu": str(trees.cpu) if trees.cpu else None, "version": trees.version}
     site.write_plan(state, plan)
     _summary(plan, people, given, trees)
-    course_owner = loop.owner(plan["course"]).pw_name
-    if course_owner not in [p.user for p in people.instructors]:
-        print(f"warning: the course {plan['course']} belongs to {course_owner}, not to an instructor of the roster: "
-              f"the formgrader cannot write it (chown -R <instructor> {plan['course']}, or COURSE= a copy the "
-              "instructor owns)", file=sys.stderr)
     hub = subprocess.Popen([str(Path(sys.prefix) / "bin" / "jupyterhub"), "-f", str(state / "jupyterhub_config.py")],
                            cwd=state)
     # Ctrl+C reaches the hub from the terminal (same process group); this process waits for it,

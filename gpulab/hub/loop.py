@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpulab.hub.private import settle
+
 
 def owner(course: str | Path) -> pwd.struct_passwd:
     return pwd.getpwuid(Path(course).stat().st_uid)
@@ -83,13 +85,16 @@ def release(course: str | Path, state: str | Path, lab: str, due: str | None = N
     for argv in steps:
         if (rc := run_as_owner(course, state, argv)) != 0:
             return rc
+    settle(course)
     return 0
 
 
 def collect(course: str | Path, state: str | Path, lab: str) -> int:
     """Collect each student's latest submission of ``lab`` from the exchange into ``submitted/``
     (``--update``: a later submission replaces an earlier one)."""
-    return run_as_owner(course, state, nbgrader("collect", lab, "--update"))
+    rc = run_as_owner(course, state, nbgrader("collect", lab, "--update"))
+    settle(course)  # nbgrader copies the inbound's 0777 folders: closed again, the instructors' only
+    return rc
 
 
 def feedback(course: str | Path, state: str | Path, lab: str) -> int:
@@ -102,7 +107,9 @@ def feedback(course: str | Path, state: str | Path, lab: str) -> int:
         return rc
     pair_with_submissions(course, lab)
     give_back(course)
-    return run_as_owner(course, state, nbgrader("release_feedback", lab))
+    rc = run_as_owner(course, state, nbgrader("release_feedback", lab))
+    settle(course)
+    return rc
 
 
 # what nbgrader's release_feedback reads beside each page to address it to the submission it answers

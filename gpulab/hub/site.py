@@ -4,7 +4,7 @@ and the plan (one JSON file the hub's configuration and spawner read).
     <state>/                    root's, mode 0711 (users may pass through to jupyter/, not list it)
         plan.json               the roster, the shares, the paths, the network settings
         jupyterhub_config.py    two lines: gpulab.hub.config.apply(c, plan.json)
-        jupyterhub.sqlite, jupyterhub_cookie_secret      JupyterHub's own (0600)
+        jupyterhub.sqlite, jupyterhub_cookie_secret      JupyterHub's own (0600, made so here)
         jupyter/student/        a student's settings (JUPYTER_CONFIG_PATH), readable by all
         jupyter/instructor/     an instructor's settings
         new-passwords.csv       the accounts CREATE_USERS=1 made (0600)
@@ -23,6 +23,8 @@ import json
 import os
 import re
 from pathlib import Path
+
+from gpulab.course.lab import TERMINAL
 
 # nbgrader's JupyterLab plugins a student of the hub must not have (the Assignment List, the
 # Nbgrader menu, which then lists only it, and Validate stay)
@@ -76,7 +78,8 @@ def write_role_config(folder: str | Path, role: str, cid: str, exchange: str | P
     (folder / "labconfig").mkdir(parents=True, exist_ok=True)
     disabled = [NEWS_PLUGIN] + (list(STUDENT_HIDDEN_PLUGINS) if role == "student" else [])
     (folder / "labconfig" / "page_config.json").write_text(json.dumps({"disabledExtensions": {p: True for p in disabled}}, indent=1))
-    server: dict = {"ServerApp": {"jpserver_extensions": {ext: role in who for ext, who in SERVER_EXTENSIONS.items()}}}
+    server: dict = {"ServerApp": {"jpserver_extensions": {ext: role in who for ext, who in SERVER_EXTENSIONS.items()},
+                                  "terminado_settings": TERMINAL}}  # PATH keeps the kit's .venv/bin
     if role == "instructor":  # the formgrader panel is an iframe of the server's own page
         server["ServerApp"]["tornado_settings"] = {"headers": {"Content-Security-Policy": "frame-ancestors 'self'"}}
     (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=1))
@@ -112,6 +115,15 @@ def make_state(state: str | Path) -> Path:
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o711)
     return state
+
+
+def make_database(state: str | Path) -> Path:
+    """JupyterHub's database, created empty as root's only (0600) before the hub opens it: the
+    users, their activity and the OAuth secrets (JupyterHub would create it with the umask's 0644)."""
+    path = Path(state) / "jupyterhub.sqlite"
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    path.chmod(0o600)
+    return path
 
 
 def write_plan(state: str | Path, plan: dict) -> Path:

@@ -215,10 +215,7 @@ def hub():
         shutil.copytree(REPO / "notebooks" / "source" / LAB, h.course / "source" / LAB)
         for f in ("header.ipynb",):
             shutil.copy(REPO / "notebooks" / "source" / f, h.course / "source" / f)
-        shutil.copy(REPO / "notebooks" / "nbgrader_config.py", h.course)
-        inst = pwd.getpwnam(INSTRUCTOR)
-        for p in [h.course, *h.course.rglob("*")]:
-            os.chown(p, inst.pw_uid, inst.pw_gid)
+        shutil.copy(REPO / "notebooks" / "nbgrader_config.py", h.course)  # root's, git's modes: make hub closes it
         h.roster.write_text("user,role\n" + "".join(f"{u},student\n" for u in STUDENTS) + f"{INSTRUCTOR},instructor\n")
         h.start()
         yield h
@@ -592,6 +589,46 @@ def test_each_student_fetches_their_own_feedback_only(hub: Hub, browser) -> None
         for other in (u for u in STUDENTS if u != user):
             got = _as(user, "find", str(_home(other) / LAB / "feedback"))
             assert got.returncode != 0, f"{user} reached {other}'s feedback"
+
+
+def test_a_students_account_reads_and_writes_nothing_private(hub: Hub) -> None:
+    """As each student's own account (uid, gid, groups: what their terminal runs as), after collect,
+    grade and feedback: every private file is out of reach, each attempt a named assertion; the
+    course stays the instructor's (none of it root's, none of it open to others)."""
+    course = hub.course
+    for me in STUDENTS:
+        other = next(u for u in STUDENTS if u != me)
+        reads = {
+            "the course's source notebook (solutions, hidden tests)": course / "source" / LAB / f"{LAB}.ipynb",
+            "the kit's source notebook": REPO / "notebooks" / "source" / LAB / f"{LAB}.ipynb",
+            "the kit's tests (second designs)": REPO / "tests" / "conftest.py",
+            "gradebook.db": course / "gradebook.db",
+            "grades.csv": course / "grades.csv",
+            "a classmate's submission": course / "submitted" / other / LAB / f"{LAB}.ipynb",
+            "a classmate's submission secret": course / "submitted" / other / LAB / "submission_secret.txt",
+            "a classmate's autograded notebook": course / "autograded" / other / LAB / f"{LAB}.ipynb",
+            "a classmate's feedback page in the course": course / "feedback" / other / LAB / f"{LAB}.html",
+            "the grading logs": course / "grading_logs",
+            "the hub's database": hub.state / "jupyterhub.sqlite",
+        }
+        if (REPO / ".git" / "HEAD").exists():
+            reads["the kit's git history"] = REPO / ".git" / "HEAD"
+        for what, path in reads.items():
+            assert path.exists(), f"{path} is missing: reading it proves nothing"
+            got = _as(me, "cat", str(path)) if path.is_file() else _as(me, "ls", str(path))
+            assert got.returncode != 0, f"{me} read {what}: {path}"
+        sub = course / "submitted" / other / LAB
+        writes = {"created a file in": ["touch", str(sub / "planted.txt")],
+                  "renamed a file in": ["mv", str(sub / "timestamp.txt"), str(sub / "renamed.txt")]}
+        for what, argv in writes.items():
+            assert _as(me, *argv).returncode != 0, f"{me} {what} {other}'s submission"
+        assert (sub / "timestamp.txt").exists() and not (sub / "planted.txt").exists()
+    inst = pwd.getpwnam(INSTRUCTOR)
+    for p in [course, *course.rglob("*")]:
+        st = p.lstat()
+        assert st.st_uid == inst.pw_uid, f"{p} belongs to {pwd.getpwuid(st.st_uid).pw_name}, not the instructor"
+        assert not st.st_mode & 0o007 or p.is_symlink(), f"{p} is open to others: {oct(_mode(p))}"
+    assert _as(INSTRUCTOR, "test", "-w", str(course / "gradebook.db")).returncode == 0, "the formgrader cannot write"
 
 
 # ---- 6. faults ---------------------------------------------------------------------------------
