@@ -59,11 +59,54 @@ def targets(pid: int, group: bool, me: int) -> tuple[str, list[int]]:
     return f"process group {pgid}", members
 
 
-def outside(pid: int, group: bool, me: int) -> str | None:
+def _in_own_namespace() -> bool:
+    """Whether PID 1 here is gpulab's own init (:mod:`gpulab.confine.nsinit`): the submission's PID
+    namespace, where every process was started by the kernel, nbgrader or that init."""
+    try:
+        with open("/proc/1/cmdline", "rb") as fh:
+            return b"gpulab.confine.nsinit" in fh.read()
+    except OSError:
+        return False
+
+
+def _ancestors(me: int) -> set[int]:
+    out, pid = set(), me
+    for _ in range(64):
+        stat = _stat(pid)
+        if stat is None or stat[0] <= 1:
+            break
+        pid = stat[0]
+        out.add(pid)
+    return out
+
+
+def _is_mine(pid: int, me: int, ancestors: set[int], orphans_are_mine: bool) -> bool:
+    """``pid`` is ``me``, a descendant, or (in the submission's own PID namespace) an orphan: its
+    parent died and it was handed to PID 1, which only the kernel's own processes are (a DataLoader
+    worker whose rank exited, the launcher's rank groups); nbgrader and the init start none."""
+    for _ in range(64):
+        if pid == me:
+            return True
+        if pid in ancestors:
+            return False
+        stat = _stat(pid)
+        if stat is None:
+            return True  # gone (or going) while we looked: nothing left to signal there
+        if stat[0] <= 1:
+            return orphans_are_mine and pid != 1
+        pid = stat[0]
+    return False
+
+
+def outside(pid: int, group: bool, me: int, orphans_are_mine: bool | None = None) -> str | None:
     """What ``os.kill``/``os.killpg(pid, ...)`` names, if it would reach a live process that is
-    neither ``me`` nor one of its descendants; None for a signal that stays in the tree or reaches
-    nobody (the call then fails with ``ProcessLookupError``)."""
+    neither ``me`` nor one of its own (see :func:`_is_mine`; ``orphans_are_mine``: default, whether
+    this is the submission's PID namespace); None for a signal that stays in the kernel's processes
+    or reaches nobody (the call then fails with ``ProcessLookupError``)."""
     name, live = targets(pid, group, me)
-    if any(p != me and not descends_from(p, me) for p in live):
+    if orphans_are_mine is None:
+        orphans_are_mine = _in_own_namespace()
+    ancestors = _ancestors(me)
+    if any(not _is_mine(p, me, ancestors, orphans_are_mine) for p in live):
         return name
     return None

@@ -58,3 +58,24 @@ def test_a_process_it_did_not_start_is_named() -> None:
         assert outside(-1, False, me) == "every process (pid -1)"
     finally:
         os.kill(victim, signal.SIGKILL)
+
+
+def test_in_the_submissions_namespace_an_orphan_is_the_kernels_and_its_ancestors_are_not() -> None:
+    """Issue 48: lab 06's launcher sweeps its rank groups with killpg after the ranks exited; their
+    DataLoader workers were handed to PID 1 by then. In the submission's own PID namespace (PID 1
+    is gpulab's init) such an orphan is the kernel's; nbgrader (the kernel's parent) and a process
+    of another branch (a sibling of the kernel) are still named."""
+    me = subprocess.Popen(["sleep", "30"])  # stands for the kernel
+    sibling = subprocess.Popen(["sleep", "30"])  # another child of the kernel's parent
+    victim = _orphan()
+    try:
+        assert outside(victim, True, me.pid, orphans_are_mine=True) is None
+        assert outside(victim, True, me.pid, orphans_are_mine=False) == f"process group {victim}"
+        assert outside(os.getpid(), False, me.pid, orphans_are_mine=True) == f"pid {os.getpid()}"
+        assert outside(sibling.pid, False, me.pid, orphans_are_mine=True) == f"pid {sibling.pid}"
+        assert outside(1, False, me.pid, orphans_are_mine=True) == "pid 1"
+    finally:
+        os.kill(victim, signal.SIGKILL)
+        for p in (me, sibling):
+            p.kill()
+            p.wait()
