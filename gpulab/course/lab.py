@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gpulab.autograde.execute.config import write_nbgrader_config
 from gpulab.autograde.nbgrader import find_labs, nbgrader_env
+from gpulab.hub.site import TERMINAL  # the same terminal as on the hub: PATH keeps .venv/bin
 
 # nbgrader's JupyterLab plugins a student must not see (Validate, "@jupyter/nbgrader:validate-assignment", stays)
 INSTRUCTOR_PLUGINS = (
@@ -71,12 +72,6 @@ def free_port(start: int, tries: int = 50, host: str = "127.0.0.1") -> int:
             return port
     raise RuntimeError(f"ports {start}-{start + tries - 1} are all in use; stop an old `make lab` (Ctrl+C in its "
                        f"terminal) or choose another range: make lab PORT=9000")
-
-
-# A terminal's shell without ``-l``: a login shell (what jupyter_server starts when its output is not
-# a terminal, as under make lab or a hub's spawner) reads /etc/profile, which resets PATH and loses
-# the kit's .venv/bin; `python -m gpulab doctor` would then run the machine's python.
-TERMINAL = {"shell_command": ["/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"]}
 
 
 def write_config(folder: str | Path, instructor: bool) -> Path:

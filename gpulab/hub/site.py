@@ -24,8 +24,6 @@ import os
 import re
 from pathlib import Path
 
-from gpulab.course.lab import TERMINAL
-
 # nbgrader's JupyterLab plugins a student of the hub must not have (the Assignment List, the
 # Nbgrader menu, which then lists only it, and Validate stay)
 STUDENT_HIDDEN_PLUGINS = (
@@ -40,7 +38,11 @@ SERVER_EXTENSIONS = {  # nbgrader's server halves: on for whom
     "nbgrader.server_extensions.formgrader": ("instructor",),
     "nbgrader.server_extensions.course_list": ("instructor",),
 }
-DEFAULT_EXCHANGE = "/usr/local/share/nbgrader/exchange"  # nbgrader's own default Exchange.root
+DEFAULT_EXCHANGE = "/usr/local/share/nbgrader/exchange"
+# A terminal's shell without ``-l``: a login shell (what jupyter_server starts when its output is not
+# a terminal, as under a hub's spawner or make lab) reads /etc/profile, which resets PATH and loses
+# the kit's .venv/bin, so `python -m gpulab doctor` would run the machine's python.
+TERMINAL = {"shell_command": ["/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"]}  # nbgrader's own default Exchange.root
 
 NBGRADER_CONFIG = '''# written by `make hub` (gpulab/hub/site.py) for every {role}'s server: do not edit, edit the roster
 # or the course's nbgrader_config.py and restart the hub
