@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpulab.autograde.box.run import die_with_grader
 from gpulab.autograde.expected import Expected
 from gpulab.autograde.nbgrader import nbgrader_env
 
@@ -53,7 +54,8 @@ def run_reference(course: Path, lab: str, work: Path, seed: int, secret: str, ce
         cmd += ["--measure-lock", measure_lock]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, start_new_session=True,
+                              preexec_fn=die_with_grader)
     except subprocess.TimeoutExpired:
         raise ReferenceError(f"the reference run of {lab} took more than {timeout_s:g} s") from None
     (work / "reference.log").write_text(proc.stdout + proc.stderr)

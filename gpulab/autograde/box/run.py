@@ -1,8 +1,13 @@
 """Run nbgrader's own ``autograde`` of one submission in its box, in its namespaces and cgroup, with
-an environment from an allow-list; every process of the submission is gone on return."""
+an environment from an allow-list; every process of the submission is gone on return, and also
+when the grader itself is killed (:func:`die_with_grader`: the box's first process gets SIGKILL
+when its grader's thread dies; it is ``unshare --kill-child``, so the whole PID namespace goes)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +21,22 @@ from gpulab.confine import isolation
 ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_MESSAGES", "TZ", "TERM",
                "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "PYTHONPATH", "VIRTUAL_ENV",
                "KINETO_LOG_LEVEL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH")
+
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)  # loaded before any fork
+except OSError:  # not Linux: no parent-death signal
+    _LIBC = None
+
+
+def die_with_grader() -> None:
+    """``preexec_fn`` of every process the grader starts for a submission or a reference run: it gets
+    SIGKILL when the grader's thread that started it dies (a ``make grade`` killed by any signal, a
+    closed terminal), so nothing of the class outlives its grader. Only an async-signal-safe call
+    runs between fork and exec (libc is loaded beforehand)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None = None) -> dict[str, str]:
@@ -63,7 +84,8 @@ def run_autograde(box: Path, lab: str, student: str, limits: Limits,
     with open(box / "nbgrader.log", "wb") as log:
         # A session of its own, no terminal: a student's process group signals cannot reach the grader.
         proc = subprocess.Popen(cmd, cwd=box, env=_env(box, limits, private_tmp, seed), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=die_with_grader)
         try:
             while True:
                 try:
