@@ -32,12 +32,13 @@ from gpulab.autograde.execute.config import configure  # noqa: E402
 
 configure(c)
 
-# Feedback never shows hidden tests: autograde puts them back into every test cell, so the
-# feedback step removes them again, and cuts the traceback of a failing hidden test to its message.
-# (`make feedback` also checks every page it writes; see gpulab/course/feedback.py.)
+# Feedback is built from what the student handed in: their cells and the outputs of their own run, the
+# test cells as released (the visible part only), and the grader's verdicts; never from what the graded
+# kernel showed, which ran the hidden tests (gpulab/course/feedback_page.py). GetGrades then reads each
+# cell's score from the gradebook; formgrader's "generate feedback" builds the same page as `make feedback`.
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor  # noqa: E402
 from nbgrader.preprocessors import GetGrades  # noqa: E402
 
-from gpulab.course.feedback import HideHiddenTests  # noqa: E402
+from gpulab.course.feedback_page import FromSubmission  # noqa: E402
 
-c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+c.GenerateFeedback.preprocessors = [FromSubmission, GetGrades, CSSHTMLHeaderPreprocessor]

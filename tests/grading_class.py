@@ -745,6 +745,9 @@ for top in ("/opt", "/srv", "/home", "/root", "/mnt", "/media", "/var", "/work",
 print("LEAK" if found else "no clone found", found[:3])
 {solution}"""
 HISTORY_LEAK = "import base64\nprint(base64.b64encode(repr(In).encode()).decode())"
+# issue 48 item 4: both passed the decoding filters the feedback had; the page no longer shows the graded run
+HISTORY_PREFIX = 'print("\\n".join("|" + line for cell in In for line in cell.splitlines()))'
+HISTORY_B85 = "import base64, zlib\nprint(base64.b85encode(zlib.compress(repr(In).encode())).decode())"
 AUDIT_ERASE = """import os
 args = open("/proc/self/cmdline", "rb").read().split(b"\\0")
 fd = int(args[args.index(b"--audit-fd") + 1]) if b"--audit-fd" in args else None
@@ -777,6 +780,8 @@ def pipeline_cases(clone_parent: str) -> dict[str, Case]:
         "env_snoop": Case(answers={"to_device_impl": ENV_SNOOP}),
         "clone_hunter": Case(answers={"to_device_impl": CLONE_HUNT.format(clone_parent=clone_parent, solution="{solution}")}),
         "history_leaker": Case(extra_cells=(HISTORY_LEAK,)),
+        "history_prefix": Case(extra_cells=(HISTORY_PREFIX,)),
+        "history_b85": Case(extra_cells=(HISTORY_B85,)),
         "nested_notebook": Case(extra_files={"notes.ipynb": nested}, note=r"notes.ipynb is not part of 00_setup"),
         "nested_lab": Case(raw=nested, score=0, note=r"nested too deeply"),
         "own_itertools": Case(extra_cells=("import itertools as it\nprint(list(it.islice('ab', 1)))",)),

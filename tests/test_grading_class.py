@@ -368,32 +368,57 @@ def test_resource_and_escape_attacks_are_contained(graded, terminal) -> None:
 
 @pytest.mark.timeout(600)
 def test_feedback_never_shows_hidden_tests(graded) -> None:
+    """Issue 48 item 4: every page is built from the submission, the released test cells and the grader's
+    verdicts. The history attacks (``In`` printed plainly, base64, one character before each line,
+    base85(zlib)) printed every hidden line in the graded run; none reaches a page, the students' own
+    cells and outputs do, and so do the grader's words and the gradebook's scores."""
+    from gpulab.autograde.students import alias
+    from gpulab.course import feedback_page as page
+
     course, fixture, rows, _ = graded
     report = fb.feedback(course, LAB)[LAB]
     assert report["error"] is None and report["leaks"] == {} and report["failed"] == {}, report
     specs = integrity.lab_spec(gradebook.db_url(course), LAB)
     lines = fb.hidden_lines(specs)
     assert len(lines) >= 10
-    from gpulab.autograde.students import alias
-
     pages = sorted(course.glob(f"feedback/*/{LAB}/{LAB}.html"))
     assert {p.parts[-3] for p in pages} == {alias(s) for s in fixture}  # a page for everyone, a note page for the ungraded
-    for page in pages:  # a hidden line the student wrote in their own submission is theirs (tamper_grader_patch)
-        own = fb.submitted_lines(fb.submitted_folder(course, page.parts[-3], LAB))
-        assert fb.leaks(page.read_text(), lines - own) == [], page
-    text = fb.html_text((course / "feedback" / "hidden_fail" / LAB / f"{LAB}.html").read_text())
-    assert "expected 'gloo', got 'nccl'" in text, "the failing hidden test's message reaches the student"
-    leaked = fb.html_text((course / "feedback" / "leaker" / LAB / f"{LAB}.html").read_text())
-    assert fb.REDACTED in leaked, "the leaker printed the hidden tests in a cell of its own: that line is replaced"
+    for path in pages:  # a hidden line the student wrote in their own submission is theirs (tamper_grader_patch)
+        own = fb.submitted_lines(fb.submitted_folder(course, path.parts[-3], LAB))
+        assert fb.leaks(path.read_text(), lines - own) == [], path
+
+    def shown(student: str) -> str:
+        return fb.html_text((course / "feedback" / alias(student) / LAB / f"{LAB}.html").read_text(), lines=True)
+
+    def graded_cell(student: str, index: int) -> nbformat.NotebookNode:
+        return nbformat.read(str(course / "autograded" / alias(student) / LAB / f"{LAB}.ipynb"), as_version=4).cells[index]
+
+    for student in ("history_leaker", "history_prefix", "history_b85"):
+        printed = "".join(o.get("text", "") for o in graded_cell(student, -1).outputs if o.get("output_type") == "stream")
+        assert len(printed) > 500, f"{student}: the attack printed nothing in the graded run"
+        text = shown(student)
+        assert printed.strip()[:200] not in text and not [ln for ln in lines if ln in text], student
+        assert fixture[student].extra_cells[0].splitlines()[-1] in text, f"{student}: its own cell is on the page"
+    prefixed = "".join(o.get("text", "") for o in graded_cell("history_prefix", -1).outputs)
+    assert sum(f"|{ln}" in {"|" + " ".join(x[1:].split()) for x in prefixed.splitlines()} for ln in lines) >= 10, \
+        "the one-character prefix attack printed the hidden lines in the graded run"
+    nb = nbformat.read(str(course / "autograded" / "hidden_fail" / LAB / f"{LAB}.ipynb"), as_version=4)
+    failed = next(c for c in nb.cells if c.get("outputs") and c.outputs[0].get("ename") == "GradingError")
+    message = failed.outputs[0].evalue
+    assert "expected 'gloo', got 'nccl'" in message  # the grader's message, in the autograded notebook
+    text = shown("hidden_fail")
+    assert page.verdict_words(message, "GradingError") in text and "got 'nccl'" not in text
+    score, max_score = gradebook.scores(course, LAB, "hidden_fail")
+    assert f"Score: {round(score, 2)} / {round(max_score, 2)}" in " ".join(text.split())  # GetGrades, from the gradebook
+    assert page.PASSED in text
+    leaked = shown("leaker")
+    assert "caller = inspect.currentframe().f_back" in leaked, "the leaker's own cells are on its page"
     assert "BEGIN HIDDEN TESTS" not in leaked
     assert "not valid JSON" in (course / "feedback" / "not_json" / LAB / f"{LAB}.html").read_text()
-    history = (course / "feedback" / "history_leaker" / LAB / f"{LAB}.html").read_text()
-    assert fb.REDACTED in fb.html_text(history), "IPython's history, base64-encoded, is redacted on the page"
-    own = fb.html_text((course / "feedback" / "own_itertools" / LAB / f"{LAB}.html").read_text())
-    assert "import itertools as it" in own, "a student's own line that a hidden line is part of stays on the page"
+    assert "import itertools as it" in shown("own_itertools"), "a student's own line stays on the page"
     for student in ("nested_notebook", "-rf", "new\nline"):
         assert (course / "feedback" / alias(student) / LAB / f"{LAB}.html").exists(), student
-    # The check can fail: the same autograded notebook rendered without HideHiddenTests leaks.
+    # The check can fail: the autograded notebook, rendered as it is, shows every hidden line.
     from nbconvert import HTMLExporter
 
     raw, _ = HTMLExporter().from_filename(str(course / "autograded" / "hidden_fail" / LAB / f"{LAB}.ipynb"))

@@ -1,10 +1,11 @@
 """The grader's defences against a hostile submission, piece by piece (fast: no nbgrader run):
 links and special files never followed, the static scan, the jail's signal scope and its read
-exceptions, feedback redaction.
+exceptions, the feedback's verdicts read from the grader's outputs only.
 The whole class, attacks included, is graded by tests/test_grading_class.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -144,29 +145,29 @@ except PermissionError:
     assert "mine" in proc.stdout and "refused" in proc.stdout and "LEAK" not in proc.stdout
 
 
-def test_feedback_redacts_quoted_secrets_and_test_cell_streams() -> None:
-    secrets = {"secret_case_value = f(12345)"}
-    test = nbformat.v4.new_code_cell("check(f(1) == 1)", outputs=[
-        nbformat.v4.new_output("stream", name="stdout", text="whatever the student printed"),
-        nbformat.v4.new_output("error", ename="ValueError", evalue="secret_case_value  =  f(12345)", traceback=["x"])])
-    test.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "t"}
-    mine = nbformat.v4.new_code_cell("print(stash)", outputs=[
-        nbformat.v4.new_output("stream", name="stdout", text="hello\n    secret_case_value = f(12345)\nbye\n")])
-    pre = fb.HideHiddenTests()
-    pre._secrets = secrets
-    pre.preprocess_cell(test, {}, 0)
-    pre.preprocess_cell(mine, {}, 1)
-    assert [o.output_type for o in test.outputs] == ["error"]
-    assert test.outputs[0].evalue == fb.REDACTED + "\n" and "secret" not in "".join(test.outputs[0].traceback)
-    assert mine.outputs[0].text == fb.REDACTED + "\n"  # the whole output: the rest of it may be encoded too
-    import base64
+def test_feedback_takes_the_verdict_from_the_grader_never_from_the_kernel() -> None:
+    """The feedback page reads a test cell's verdict only where the grader alone writes it (the first
+    output of a cell it failed: write_verdict drops the kernel's own errors); whatever the kernel
+    forged around it (a display marked as the grader's, an error named as the grader's, a stream that
+    reads like a verdict) is not on the page, and neither is the detail the grader quoted from it."""
+    from nbconvert import HTMLExporter
 
-    hidden = nbformat.v4.new_code_cell("print(b64(In))", outputs=[nbformat.v4.new_output(
-        "stream", name="stdout", text=base64.b64encode(repr(["", "x = 1\nsecret_case_value = f(12345)"]).encode()).decode())])
-    pre.preprocess_cell(hidden, {}, 2)
-    assert hidden.outputs[0].text == fb.REDACTED + "\n"
-    own = nbformat.v4.new_code_cell("import itertools as it", outputs=[nbformat.v4.new_output(
-        "stream", name="stdout", text="import itertools as it\n")])
-    pre._secrets = {"import itertools"}
-    pre.preprocess_cell(own, {}, 3)
-    assert own.outputs[0].text == "import itertools as it\n"  # lines are compared whole, not as substrings
+    from gpulab.autograde.execute.outputs import error_output, write_verdict
+    from gpulab.course import feedback_page as page
+
+    secret = "secret_case_value = f(12345)"
+    meta = {"grade": True, "solution": False, "grade_id": "t", "points": 1, "locked": True, "schema_version": 3}
+    release = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("check(f(1) == 1)", metadata={"nbgrader": meta})])
+    forged = [nbformat.v4.new_output("display_data", data={"text/plain": secret}, metadata={"gpulab": "verdict"}),
+              nbformat.v4.new_output("stream", name="stdout", text=f"GradingError: {secret}\n"),
+              error_output("NotRunError", secret), error_output("GradingError", secret)]
+    for passed in (True, False):
+        graded = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"check(f(1) == 1)\n{secret}",
+                                                                           metadata={"nbgrader": dict(meta)})])
+        graded.cells[0].outputs = [nbformat.NotebookNode(o) for o in forged]
+        write_verdict(graded.cells[0], passed, f"f on the hidden cases: raised ValueError: {secret}", [secret])
+        assert secret in json.dumps(graded.cells[0].outputs)  # the kernel's forgeries are in the graded notebook
+        nb = page.build(None, release, graded, "gone")
+        shown = fb.html_text(HTMLExporter().from_notebook_node(nb)[0])
+        assert secret not in shown and "ValueError" not in shown, shown[-2000:]
+        assert (page.PASSED in shown) == passed and ("failed: f on the hidden cases" in shown) == (not passed)
