@@ -1,16 +1,16 @@
 """Lab 01's graders: the references masked while it is graded, and the inputs its hidden tests draw
-from the grading run's seed (intervals, kernels, loop profiles, ``key_averages()`` tables, loop C's
-batches, a model to profile).
+from the grading run's seed (intervals, kernels, loop profiles, loop C's batches).
 
 Everything here returns plain values for the test cells to send (:mod:`gpulab.evidence.codec`);
-nothing decides a verdict. The expected values are the references' answers on the same inputs,
-computed only in the reference kernel (``grading.by_reference``).
+nothing decides a verdict, and nothing computes an expected value: the same test run against the
+solution in the reference kernel gives it. Exercise 3's loop C is timed by the grader
+(``grading.check_measured``), on device time that a busy CPU does not stretch. The torch.profiler
+exercises' graders (``key_averages()`` tables, a model to profile, your own loop under a
+stopwatch) are in :mod:`gpulab.grading.lab01_profiler`, re-exported here.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -18,13 +18,41 @@ from typing import Any, Callable
 import torch
 
 from gpulab.accel import spin
+from gpulab.grading.lab01_profiler import (
+    LABELS,
+    annotations,
+    key_averages_cases,
+    key_averages_table,
+    phases_case,
+    phases_run,
+    plain_loop,
+    seeded_training,
+    train_plain,
+)
 from gpulab.profiling.bottleneck import busy_fraction, classify, classify_profile, sm_activity
-from gpulab.profiling.phases import DATA, STEP, Stopwatch, profile_phases, trace_shares
+from gpulab.profiling.phases import profile_phases
 from gpulab.profiling.torch_trace import label_shares, profile_training, top_ops
 
-__all__ = ["REFERENCES", "outcome", "outcomes", "interval_cases", "kernel_cases", "profile_cases", "key_averages_table",
-           "key_averages_cases", "loop_c_batches", "run_loop_c", "loop_c_reference", "LOOP_C_DEVICE_S",
-           "annotations", "seeded_training", "train_plain", "phases_case", "phases_run", "plain_loop"]
+__all__ = [
+    "REFERENCES",
+    "outcome",
+    "outcomes",
+    "interval_cases",
+    "kernel_cases",
+    "profile_cases",
+    "key_averages_table",
+    "key_averages_cases",
+    "loop_c_batches",
+    "run_loop_c",
+    "LOOP_C_DEVICE_S",
+    "LABELS",
+    "annotations",
+    "seeded_training",
+    "train_plain",
+    "phases_case",
+    "phases_run",
+    "plain_loop",
+]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
 # (gpulab.autograde.box.mask). profile_loop's LoopProfile survives the busy fraction and the classification
@@ -32,8 +60,16 @@ __all__ = ["REFERENCES", "outcome", "outcomes", "interval_cases", "kernel_cases"
 # them; a profile_training that calls them shows their gpulab/... ranges in its trace, which the test
 # compares with the reference's), and DeviceValue.item / __repr__ (methods cannot be masked; the sync
 # exercise is timed by the grader instead).
-REFERENCES: tuple = (busy_fraction, sm_activity, classify, classify_profile, top_ops, label_shares, profile_training,
-                     profile_phases)
+REFERENCES: tuple = (
+    busy_fraction,
+    sm_activity,
+    classify,
+    classify_profile,
+    top_ops,
+    label_shares,
+    profile_training,
+    profile_phases,
+)
 
 
 def outcome(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -53,8 +89,11 @@ def outcomes(fn: Callable[..., Any], cases: dict[str, tuple]) -> dict[str, Any]:
 
 
 def _short(intervals: list, k: int = 3) -> str:
-    shown = ", ".join(f"({a:.3g}, {b:.3g})" if len(iv) == 2 else f"({a:.3g}, {b:.3g}, {iv[2]:.2g})"
-                      for iv in intervals[:k] for a, b in [iv[:2]])
+    shown = ", ".join(
+        f"({a:.3g}, {b:.3g})" if len(iv) == 2 else f"({a:.3g}, {b:.3g}, {iv[2]:.2g})"
+        for iv in intervals[:k]
+        for a, b in [iv[:2]]
+    )
     return f"[{shown}{', ...' if len(intervals) > k else ''}]"
 
 
@@ -122,64 +161,15 @@ def profile_cases(rng: random.Random, n: int = 40) -> dict[str, SimpleNamespace]
         f = {k: round(rng.random() * 0.6, 1) if grid else rng.random() * 0.6 for k in ("data", "copy", "sync", "host")}
         f.update(other=rng.random() * 0.2, compute=busy)
         shown = ", ".join(f"{k}={v:.3g}" for k, v in f.items() if k in ("data", "copy", "sync", "host"))
-        cases[f"case {i}: busy_fraction={busy:.4g}, fractions {shown}"] = SimpleNamespace(busy_fraction=busy, fractions=f)
+        cases[f"case {i}: busy_fraction={busy:.4g}, fractions {shown}"] = SimpleNamespace(
+            busy_fraction=busy, fractions=f
+        )
     return cases
-
-
-_OPS = ("aten::convolution", "aten::mkldnn_convolution", "aten::convolution_backward", "aten::addmm", "aten::mm",
-        "aten::relu", "aten::threshold_backward", "aten::native_batch_norm", "aten::max_pool2d_with_indices",
-        "aten::add_", "aten::zero_", "aten::copy_", "aten::empty", "aten::_log_softmax", "aten::nll_loss_forward")
-_OTHERS = ("autograd::engine::evaluate_function: ConvolutionBackward0", "ConvolutionBackward0", "MmBackward0",
-           "Optimizer.step#SGD.step", "cudaLaunchKernel", "[memory]")
-LABELS = ("forward", "backward", "optimizer")
-
-
-def key_averages_table(rng: random.Random) -> list[SimpleNamespace]:
-    """A made-up ``key_averages()``: entries with ``key``, ``count``, ``self_cpu_time_total`` and
-    ``cpu_time_total`` (integer microseconds, so ties happen), labels and ProfilerStep entries among
-    the operators, and some names twice (grouped by input shape, or a range's copy on the GPU's
-    timeline with a CPU time of 0)."""
-    names = list(rng.sample(_OPS, rng.randint(4, len(_OPS)))) + list(rng.sample(_OTHERS, 3))
-    names += [label for label in LABELS if rng.random() < 0.9] + ["ProfilerStep*"]
-    names += [rng.choice(names) for _ in range(rng.randint(1, 4))]  # duplicates
-    rng.shuffle(names)
-    table = []
-    for name in names:
-        self_us = rng.choice([0, 50, 100, 300, rng.randint(1, 2000), rng.randint(1, 2000)])
-        total = self_us + rng.choice([0, rng.randint(0, 50_000)])
-        if name in LABELS:
-            total += rng.randint(1_000, 30_000)
-        if name == "ProfilerStep*":
-            total += rng.randint(50_000, 100_000)  # the recorded steps hold everything else
-        table.append(SimpleNamespace(key=name, count=rng.randint(1, 9), self_cpu_time_total=float(self_us),
-                                     cpu_time_total=float(total)))
-    if rng.random() < 0.5:
-        table.append(SimpleNamespace(key="forward", count=3, self_cpu_time_total=0.0, cpu_time_total=0.0))
-    return table
-
-
-def key_averages_cases(rng: random.Random, tables: int = 4) -> tuple[dict[str, tuple], dict[str, tuple]]:
-    """``(top_ops cases, label_shares cases)``, each ``{name: (table, argument)}``, over a few random
-    tables: several ``n`` (0 and one past the number of operators included), the labels present, a
-    label that is missing, and a table without ProfilerStep entries."""
-    tops: dict[str, tuple] = {}
-    shares: dict[str, tuple] = {}
-    for t in range(tables):
-        table = key_averages_table(rng)
-        n_ops = sum(e.key.startswith("aten::") for e in table)
-        for n in sorted({1, rng.randint(2, 6), n_ops + 1, 0}):
-            tops[f"table {t}, n={n}"] = (table, n)
-        present = [label for label in LABELS if any(e.key == label for e in table)]
-        shares[f"table {t}, labels {present}"] = (table, present)
-        shares[f"table {t}, labels {present[:1] + ['not_recorded']}"] = (table, present[:1] + ["not_recorded"])
-        no_steps = [e for e in table if not e.key.startswith("ProfilerStep")]
-        shares[f"table {t} without its ProfilerStep entry"] = (no_steps, present[:1])
-    return tops, shares
 
 
 # --- exercise 3: loop C, with and without the per-step sync --------------------------------------
 
-LOOP_C_DEVICE_S = 0.020   # device work per step (accel.compute(0.020, inputs), as in step_with_sync)
+LOOP_C_DEVICE_S = 0.020  # device work per step (accel.compute(0.020, inputs), as in step_with_sync)
 LOOP_C_SAMPLE_S = 0.0005  # CPU per sample: 8 ms per batch of 16
 
 
@@ -189,122 +179,13 @@ def loop_c_batches(seed: int, steps: int, batch_size: int = 16, sample_cost_s: f
     gen = torch.Generator().manual_seed(int(seed))
     for _ in range(steps):
         spin(sample_cost_s * batch_size)  # "decode + augment"
-        yield (torch.randint(0, 256, (batch_size, 3, 32, 32), dtype=torch.uint8, generator=gen),
-               torch.randint(0, 10, (batch_size,), generator=gen))
+        yield (
+            torch.randint(0, 256, (batch_size, 3, 32, 32), dtype=torch.uint8, generator=gen),
+            torch.randint(0, 10, (batch_size,), generator=gen),
+        )
 
 
 def run_loop_c(step_fn: Callable[[Any], Any], accel: Any, seed: int, steps: int) -> None:
     """Loop C: fetch a batch, copy it (``non_blocking=True``), call ``step_fn`` on it. Waits for nothing."""
     for batch in loop_c_batches(seed, steps):
         step_fn(accel.copy(batch, non_blocking=True))
-
-
-def loop_c_reference(accel: Any, seed: int, steps: int) -> float:
-    """Loop C without the sync, as the lab's solution writes it: the sum of the losses, read once."""
-    total: Any = 0.0
-
-    def step(batch: Any) -> None:
-        nonlocal total
-        total = total + accel.compute(LOOP_C_DEVICE_S, batch[0])
-
-    run_loop_c(step, accel, seed, steps)
-    return float(total)
-
-
-# --- exercise 5: profile_training ----------------------------------------------------------------
-
-def annotations(path: str) -> dict[str, int]:
-    """How many ranges of each name a Chrome trace holds on the CPU's timeline (``user_annotation``:
-    ``record_function`` ranges and the ``ProfilerStep#N`` steps)."""
-    with open(path) as fh:
-        trace = json.load(fh)
-    counts: dict[str, int] = {}
-    for e in trace.get("traceEvents", []):
-        if e.get("cat") == "user_annotation":
-            counts[e.get("name")] = counts.get(e.get("name"), 0) + 1
-    return dict(sorted(counts.items()))
-
-
-def seeded_training(seed: int, device: torch.device, batch_size: int, lr: float) -> tuple:
-    """``(model, optimizer, inputs, targets)``: a SmallCNN initialised from ``seed``, SGD, and a
-    batch drawn from ``seed``; the same every time for the same arguments."""
-    from gpulab.models import SmallCNN
-
-    gen = torch.Generator().manual_seed(int(seed))
-    inputs = torch.randn(batch_size, 3, 32, 32, generator=gen).to(device)  # (B, C, H, W)
-    targets = torch.randint(0, 10, (batch_size,), generator=gen).to(device)
-    torch.manual_seed(int(seed))
-    model = SmallCNN(num_classes=10).to(device)
-    return model, torch.optim.SGD(model.parameters(), lr=lr), inputs, targets
-
-
-def train_plain(model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
-                steps: int) -> list[torch.Tensor]:
-    """``steps`` training steps without a profiler; the parameters after them (on the host)."""
-    for _ in range(steps):
-        torch.nn.functional.cross_entropy(model(inputs), targets).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return [p.detach().cpu() for p in model.parameters()]
-
-
-# --- exercise 7: torch.profiler on your own loop -------------------------------------------------
-
-def phases_case(rng: random.Random) -> dict[str, Any]:
-    """The loop the hidden test profiles: ``active`` recorded steps, a batch size and a CPU cost per
-    sample (the loop is data-bound at the largest costs, step-bound at the smallest)."""
-    return {"active": rng.randint(3, 5), "batch_size": rng.choice([8, 12, 16]),
-            "sample_cost_s": rng.choice([0.0005, 0.001, 0.002, 0.003]), "lr": rng.choice([0.01, 0.05, 0.1])}
-
-
-def _loop_parts(seed: int, case: dict[str, Any]) -> tuple[Any, Callable[[Any], Any], torch.nn.Module]:
-    """A seeded loader of ``2 + active`` batches and a SmallCNN training step on the host."""
-    from gpulab.models import SmallCNN
-    from gpulab.profiling.workloads import BusyDataset
-
-    n = (2 + case["active"]) * case["batch_size"]
-    loader = torch.utils.data.DataLoader(BusyDataset(n, case["sample_cost_s"], seed=int(seed) % 2**31),
-                                         batch_size=case["batch_size"])
-    torch.manual_seed(int(seed))
-    model = SmallCNN(num_classes=10)
-    optimizer = torch.optim.SGD(model.parameters(), lr=case["lr"])
-
-    def train_step(batch: Any) -> Any:
-        images, labels = batch  # uint8 (B, 3, 32, 32)
-        loss = torch.nn.functional.cross_entropy(model(images.float() / 255), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss
-
-    return loader, train_step, model
-
-
-def phases_run(profile_fn: Callable[..., Any], seed: int, case: dict[str, Any], trace_path: str) -> dict[str, Any]:
-    """Run ``profile_fn(loader, train_step, trace_path, active=...)`` on :func:`phases_case`'s loop,
-    with gpulab's :class:`~gpulab.profiling.phases.Stopwatch` around the loader and the step.
-
-    Returns:
-        ``ranges`` (:func:`annotations` of the trace), ``profiler`` (the ``data`` and ``step``
-        ranges' shares of their sum over the recorded steps, read from the trace), ``stopwatch`` (the same shares
-        timed by the stopwatch over the same steps), ``batches`` (how many the loop fetched) and
-        ``params`` (the model's parameters afterwards).
-    """
-    if os.path.exists(trace_path):
-        os.remove(trace_path)
-    loader, train_step, model = _loop_parts(seed, case)
-    watch = Stopwatch()
-    profile_fn(watch.loader(loader), watch.step(train_step), trace_path, active=case["active"])
-    out: dict[str, Any] = {"batches": len(watch.data_s), "ranges": annotations(trace_path)}
-    out["profiler"] = trace_shares(trace_path, [DATA, STEP], of_labels=True)  # as the stopwatch counts
-    out["stopwatch"] = watch.shares(skip=2)
-    out["params"] = [p.detach().clone() for p in model.parameters()]
-    return out
-
-
-def plain_loop(seed: int, case: dict[str, Any]) -> list[torch.Tensor]:
-    """The parameters after the same loop run without a profiler."""
-    loader, train_step, model = _loop_parts(seed, case)
-    for batch in loader:
-        train_step(batch)
-    return [p.detach().clone() for p in model.parameters()]

@@ -2,45 +2,68 @@
 inputs the hidden tests draw from the grading run's seed.
 
 Everything here runs the student's functions on inputs built from a seed and returns plain values
-(tensors, lists, dicts) for ``grading.check_*`` to send; nothing decides. The same function run on
-gpulab's reference (inside ``grading.by_reference``) gives the expected value.
+for ``grading.check_*`` to send; nothing decides. The same test run on the source's solution in the
+reference run gives the expected value.
 
-What is masked, and what is not (``REFERENCES``): gpulab's ``step_memory``, the reference of
-``step_peaks``. The references of the other exercises (``comm.scatter`` / ``comm.gather`` /
-``comm.broadcast``, ``scatter_gather``'s ``scatter`` / ``gather`` / ``scatter_kwargs``,
-``replicate``, ``parallel_apply``, ``DataParallel`` and its functional form ``data_parallel``) stay
-available in the graded kernel: the demos of an unanswered lab stand in with them, and the tests of
-``replicate`` run the replicas through gpulab's ``parallel_apply``, ``comm.scatter`` and
-``comm.gather``, so that each exercise is graded on its own. A ``data_parallel`` that only calls
-gpulab's is caught by :func:`calls_made`.
+Masked (``REFERENCES``): only gpulab's ``step_memory``, the reference of ``step_peaks``. The other
+exercises' references (``comm.scatter`` / ``gather`` / ``broadcast``, ``scatter_gather``,
+``replicate``, ``parallel_apply``, ``DataParallel``, ``data_parallel``) stay available: the demos of
+an unanswered lab stand in with them, and the tests of ``replicate`` run the replicas through
+gpulab's ``parallel_apply``, ``comm.scatter`` and ``comm.gather``, so that each exercise is graded on
+its own. A ``data_parallel`` that only calls gpulab's is caught by :func:`calls_made`.
 
-What ``step_peaks`` measures is the student's own DataParallel: their ``data_parallel`` made a model
-by :class:`~gpulab.parallel.dp.data_parallel.FunctionalDataParallel`, in the lab's demos and in its
-test (:func:`dp_peaks`); the reference run measures gpulab's ``data_parallel`` with gpulab's
-``step_memory``.
+The graders of ``data_parallel``'s gradients and of ``step_peaks`` are in
+:mod:`gpulab.grading.lab04_peaks`, re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gpulab.devices import MemoryMeter, placement
+from gpulab.grading.lab04_peaks import (
+    PEAK_BATCHES,
+    calls_made,
+    dp_gradients,
+    dp_peaks,
+    head_batch,
+    measured,
+    peak_cases,
+    reference_peaks,
+    single_gradients,
+)
 from gpulab.models import MLP
 from gpulab.parallel import comm
-from gpulab.parallel.dp.data_parallel import FunctionalDataParallel
 from gpulab.parallel.dp.parallel_apply import parallel_apply as gpulab_parallel_apply
-from gpulab.parallel.dp.step_memory import HeadWorkload, step_memory
+from gpulab.parallel.dp.step_memory import step_memory
 
-__all__ = ["REFERENCES", "where", "scatter_cases", "scatter_facts", "gather_cases", "gather_facts", "train_steps",
-           "single_steps", "tied_facts", "eval_outputs", "apply_outputs", "dp_gradients", "single_gradients",
-           "calls_made", "reference_peaks", "head_batch", "measured", "PEAK_BATCHES", "peak_cases",
-           "dp_peaks"]
+__all__ = [
+    "REFERENCES",
+    "where",
+    "scatter_cases",
+    "scatter_facts",
+    "gather_cases",
+    "gather_facts",
+    "train_steps",
+    "single_steps",
+    "tied_facts",
+    "eval_outputs",
+    "apply_outputs",
+    "dp_gradients",
+    "single_gradients",
+    "calls_made",
+    "reference_peaks",
+    "head_batch",
+    "measured",
+    "PEAK_BATCHES",
+    "peak_cases",
+    "dp_peaks",
+]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
 # (gpulab.autograde.box.mask). Only step_memory: see the module doc for why the others stay.
@@ -67,6 +90,7 @@ def _home(devices: Sequence[Any]) -> torch.device:
 
 # ---- scatter and gather ------------------------------------------------------------------------
 
+
 def scatter_cases(rng: random.Random, n: int) -> list[tuple[int, int, int]]:
     """``n`` random ``(rows, columns, devices)``: batches of 1 to 13 rows over 1 to 4 devices,
     among them batches smaller than the number of devices and uneven splits."""
@@ -76,8 +100,9 @@ def scatter_cases(rng: random.Random, n: int) -> list[tuple[int, int, int]]:
     return cases
 
 
-def scatter_facts(scatter: Callable[..., Any], devices: Sequence[Any], cases: Sequence[tuple[int, int, int]],
-                  seed: int) -> dict[str, Any]:
+def scatter_facts(
+    scatter: Callable[..., Any], devices: Sequence[Any], cases: Sequence[tuple[int, int, int]], seed: int
+) -> dict[str, Any]:
     """For each case, what ``scatter`` made of a random batch: each piece's values (their shapes
     included) and device, and the gradient that reaches the batch from a weighted sum of the
     pieces (piece ``i`` weighted ``i + 1``)."""
@@ -89,7 +114,10 @@ def scatter_facts(scatter: Callable[..., Any], devices: Sequence[Any], cases: Se
         # each piece's sum is moved to devices[0] before the adding: on GPUs, cuda:1 + cuda:0 raises
         sum((i + 1) * comm.to(p.sum(), devices[0]) for i, p in enumerate(pieces)).backward()
         facts[f"{rows} rows of {cols} over {n} device(s)"] = {
-            "pieces": [p.detach() for p in pieces], "devices": where(pieces), "gradient": x.grad}
+            "pieces": [p.detach() for p in pieces],
+            "devices": where(pieces),
+            "gradient": x.grad,
+        }
     return facts
 
 
@@ -101,28 +129,35 @@ def gather_cases(rng: random.Random, n: int) -> list[tuple[list[int], int, int]]
     return cases
 
 
-def gather_facts(gather: Callable[..., Any], devices: Sequence[Any], cases: Sequence[tuple[list[int], int, int]],
-                 seed: int) -> dict[str, Any]:
+def gather_facts(
+    gather: Callable[..., Any], devices: Sequence[Any], cases: Sequence[tuple[list[int], int, int]], seed: int
+) -> dict[str, Any]:
     """For each case, ``gather`` of random pieces (piece ``i`` on ``devices[i]``) inside a
     :class:`MemoryMeter`: the result's values and device, and each piece's gradient and its device
     after a backward of a random weighting of the result."""
     g = _gen(seed)
     facts = {}
     for sizes, cols, out in cases:
-        parts = [comm.to(torch.randn(s, cols, generator=g).to(_home(devices)), d).requires_grad_()
-                 for s, d in zip(sizes, devices)]
+        parts = [
+            comm.to(torch.randn(s, cols, generator=g).to(_home(devices)), d).requires_grad_()
+            for s, d in zip(sizes, devices)
+        ]
         weights = torch.randn(sum(sizes), cols, generator=g).to(_home(devices))
         with MemoryMeter():  # every new tensor is placed on the device of its inputs
             got = gather(parts, devices[out])
             device = where(got)
             (got * comm.to(weights, devices[out])).sum().backward()  # the weights go where `got` is
         facts[f"pieces of {sizes} rows of {cols} gathered on devices[{out}]"] = {
-            "values": got.detach(), "device": device, "gradients": [p.grad for p in parts],
-            "gradient devices": where([p.grad for p in parts])}
+            "values": got.detach(),
+            "device": device,
+            "gradients": [p.grad for p in parts],
+            "gradient devices": where([p.grad for p in parts]),
+        }
     return facts
 
 
 # ---- replicate ---------------------------------------------------------------------------------
+
 
 def _scatter(x: torch.Tensor, devices: Sequence[Any]) -> list[torch.Tensor]:
     """Test infrastructure: ``torch.chunk`` pieces sent to their devices with ``comm.to``."""
@@ -133,8 +168,9 @@ def _gather(outs: Sequence[torch.Tensor], device: Any) -> torch.Tensor:
     return torch.cat([comm.to(o, device) for o in outs])
 
 
-def train_steps(replicate: Callable[..., Any], devices: Sequence[Any], widths: Sequence[int], rows: int,
-                steps: int, seed: int) -> dict[str, list[torch.Tensor]]:
+def train_steps(
+    replicate: Callable[..., Any], devices: Sequence[Any], widths: Sequence[int], rows: int, steps: int, seed: int
+) -> dict[str, list[torch.Tensor]]:
     """Parameters and ``.grad`` of an MLP after ``steps`` SGD steps on random batches, each step
     data-parallel: the batch split over ``devices``, the model copied by ``replicate``, the
     replicas run by gpulab's ``parallel_apply``, the outputs concatenated on ``devices[0]``."""
@@ -148,15 +184,16 @@ def train_steps(replicate: Callable[..., Any], devices: Sequence[Any], widths: S
         y = torch.randint(0, widths[-1], (rows,), generator=g).to(_home(devices))
         opt.zero_grad()
         pieces = _scatter(x, devices)
-        used = list(devices[:len(pieces)])
+        used = list(devices[: len(pieces)])
         outs = gpulab_parallel_apply(replicate(model, used), pieces, used)
         F.cross_entropy(_gather(outs, devices[0]), y).backward()
         opt.step()
     return {"parameters": [p.detach() for p in model.parameters()], "gradients": [p.grad for p in model.parameters()]}
 
 
-def single_steps(devices: Sequence[Any], widths: Sequence[int], rows: int, steps: int, seed: int
-                 ) -> dict[str, list[torch.Tensor]]:
+def single_steps(
+    devices: Sequence[Any], widths: Sequence[int], rows: int, steps: int, seed: int
+) -> dict[str, list[torch.Tensor]]:
     """What :func:`train_steps` must give: the same steps on one device."""
     g = _gen(seed)
     with torch.random.fork_rng(devices=[]):
@@ -172,8 +209,9 @@ def single_steps(devices: Sequence[Any], widths: Sequence[int], rows: int, steps
     return {"parameters": [p.detach() for p in model.parameters()], "gradients": [p.grad for p in model.parameters()]}
 
 
-def tied_facts(replicate: Callable[..., Any], devices: Sequence[Any], n: int, width: int, rows: int, seed: int
-               ) -> dict[str, Any]:
+def tied_facts(
+    replicate: Callable[..., Any], devices: Sequence[Any], n: int, width: int, rows: int, seed: int
+) -> dict[str, Any]:
     """A model whose first and last layers share one weight, replicated on ``devices[:n]``: whether
     each replica keeps the tie, and the original's gradients after a data-parallel backward."""
     g = _gen(seed)
@@ -186,21 +224,28 @@ def tied_facts(replicate: Callable[..., Any], devices: Sequence[Any], n: int, wi
     reps = replicate(tied, used)
     x = torch.randn(rows, width, generator=g).to(_home(devices))
     pieces = _scatter(x, used)
-    outs = gpulab_parallel_apply(list(reps)[:len(pieces)], pieces, used[:len(pieces)])
+    outs = gpulab_parallel_apply(list(reps)[: len(pieces)], pieces, used[: len(pieces)])
     _gather(outs, devices[0]).square().sum().backward()
-    return {"each replica's first and last layers share one weight": [r[0].weight is r[2].weight for r in reps],
-            "gradients": [p.grad for p in tied.parameters()]}
+    return {
+        "each replica's first and last layers share one weight": [r[0].weight is r[2].weight for r in reps],
+        "gradients": [p.grad for p in tied.parameters()],
+    }
 
 
-def eval_outputs(replicate: Callable[..., Any], devices: Sequence[Any], widths: Sequence[int], seed: int
-                 ) -> list[torch.Tensor]:
+def eval_outputs(
+    replicate: Callable[..., Any], devices: Sequence[Any], widths: Sequence[int], seed: int
+) -> list[torch.Tensor]:
     """The eval-mode outputs of each replica of a model with BatchNorm (its running statistics set
     at random), each on a random input on its own device."""
     g = _gen(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(widths[0], widths[1]), nn.BatchNorm1d(widths[1]), nn.ReLU(),
-                              nn.Linear(widths[1], widths[2], bias=False))
+        model = nn.Sequential(
+            nn.Linear(widths[0], widths[1]),
+            nn.BatchNorm1d(widths[1]),
+            nn.ReLU(),
+            nn.Linear(widths[1], widths[2], bias=False),
+        )
     model[1].running_mean.copy_(torch.randn(widths[1], generator=g))
     model[1].running_var.copy_(torch.rand(widths[1], generator=g) + 0.5)
     model = model.to(_home(devices)).eval()
@@ -214,8 +259,15 @@ def eval_outputs(replicate: Callable[..., Any], devices: Sequence[Any], widths: 
 
 # ---- parallel_apply ----------------------------------------------------------------------------
 
-def apply_outputs(parallel_apply: Callable[..., Any], replicate: Callable[..., Any], devices: Sequence[Any],
-                  widths: Sequence[int], rows: int, seed: int) -> list[torch.Tensor]:
+
+def apply_outputs(
+    parallel_apply: Callable[..., Any],
+    replicate: Callable[..., Any],
+    devices: Sequence[Any],
+    widths: Sequence[int],
+    rows: int,
+    seed: int,
+) -> list[torch.Tensor]:
     """``parallel_apply`` of an MLP's replicas (made by ``replicate``) on the pieces of a random
     batch: the outputs, in replica order."""
     g = _gen(seed)
@@ -223,116 +275,5 @@ def apply_outputs(parallel_apply: Callable[..., Any], replicate: Callable[..., A
         torch.manual_seed(seed)
         model = MLP(list(widths)).to(_home(devices))
     pieces = _scatter(torch.randn(rows, widths[0], generator=g).to(_home(devices)), devices)
-    used = list(devices[:len(pieces)])
+    used = list(devices[: len(pieces)])
     return [o.detach() for o in parallel_apply(replicate(model, used), pieces, used)]
-
-
-# ---- data_parallel -----------------------------------------------------------------------------
-
-def dp_gradients(data_parallel: Callable[..., Any], devices: Sequence[Any], rows: int, output_device: Any,
-                 seed: int) -> list[torch.Tensor | None]:
-    """The gradients of an MLP after one cross-entropy step through ``data_parallel`` on a random
-    batch of ``rows`` rows, the loss computed on ``output_device`` (None: ``devices[0]``)."""
-    g = _gen(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = MLP([6, 32, 4]).to(_home(devices))
-    x = torch.randn(rows, 6, generator=g).to(_home(devices))
-    y = torch.randint(0, 4, (rows,), generator=g).to(_home(devices))
-    out = data_parallel(model, x, devices, output_device)
-    F.cross_entropy(out, comm.to(y, output_device or devices[0])).backward()
-    return [p.grad for p in model.parameters()]
-
-
-def single_gradients(devices: Sequence[Any], rows: int, seed: int) -> list[torch.Tensor]:
-    """What :func:`dp_gradients` must give: the same step on one device."""
-    g = _gen(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = MLP([6, 32, 4]).to(_home(devices))
-    x = torch.randn(rows, 6, generator=g).to(_home(devices))
-    y = torch.randint(0, 4, (rows,), generator=g).to(_home(devices))
-    F.cross_entropy(model(x), y).backward()
-    return [p.grad for p in model.parameters()]
-
-
-@contextlib.contextmanager
-def _counting(namespace: dict[str, Any], names: Sequence[str], counts: dict[str, int]) -> Iterator[None]:
-    saved = {name: namespace[name] for name in names}
-
-    def counted(name: str) -> Callable[..., Any]:
-        fn = saved[name]
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            counts[name] += 1
-            return fn(*args, **kwargs)
-
-        return call
-
-    namespace.update({name: counted(name) for name in names})
-    try:
-        yield
-    finally:
-        namespace.update(saved)
-
-
-def calls_made(namespace: Mapping[str, Any], names: Sequence[str], run: Callable[[], Any]) -> dict[str, int]:
-    """How many times ``run()`` called each of the notebook's functions ``names`` (looked up in
-    ``namespace``, the notebook's ``globals()``, at call time): a data_parallel built from the
-    student's own scatter, replicate, parallel_apply and gather calls each once."""
-    counts = {name: 0 for name in names}
-    with _counting(namespace, names, counts):  # type: ignore[arg-type]
-        run()
-    return counts
-
-
-# ---- step_peaks --------------------------------------------------------------------------------
-
-def head_batch(batch_size: int, devices: Sequence[Any]) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The lab's language-model head (fresh weights) and a batch of ``batch_size`` on ``devices[0]``."""
-    work = HeadWorkload()
-    return (work.model(_home(devices)), *work.batch(batch_size, device=_home(devices)))
-
-
-def reference_peaks(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, devices: Sequence[Any]
-                    ) -> list[int]:
-    """gpulab's measurement of one cross-entropy step of ``model``: peak bytes per device."""
-    return [int(r.peak) for r in step_memory(model, F.cross_entropy, inputs, targets, devices).rows]
-
-
-def measured(measure: Callable[..., Any], model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-             devices: Sequence[Any]) -> dict[str, Any]:
-    """``measure(model, inputs, targets, devices)`` (a ``step_peaks``): the peaks it returns, and
-    which of the model's parameters still hold a gradient afterwards."""
-    peaks = measure(model, inputs, targets, devices)
-    return {"peak bytes per device": list(peaks),
-            "parameters left with a gradient": [p.grad is not None for p in model.parameters()]}
-
-
-# Batches where the gathered logits, not the parameters, set the output device's peak. Below about
-# 96 rows, with the output on devices[0], how a correct gather copies (comm.to + torch.cat, or one
-# output buffer as comm.gather does) changes device 0's peak by one parameter-sized buffer (the meter
-# sums the replicas' gradients out of place: see gpulab.parallel.dp.step_memory), about 20 %.
-PEAK_BATCHES = (96, 128, 160, 192, 224, 256)
-
-
-def peak_cases(rng: random.Random) -> list[tuple[int, int | None]]:
-    """Two ``(batch, index of the output device)`` for the hidden test of ``step_peaks``: the
-    default output device (None), and one of ``devices[1..3]``, where a ``data_parallel`` that
-    gathers on the wrong device shows."""
-    return [(rng.choice(PEAK_BATCHES), None), (rng.choice(PEAK_BATCHES), rng.randint(1, 3))]
-
-
-def dp_peaks(measure: Callable[..., Any], data_parallel: Callable[..., Any], devices: Sequence[Any],
-             cases: Sequence[tuple[int, int | None]]) -> dict[str, dict[str, Any]]:
-    """For each case, :func:`measured` by ``measure`` (a ``step_peaks``) of one step of the lab's
-    head (fresh weights) through ``data_parallel`` made a model
-    (:class:`~gpulab.parallel.dp.data_parallel.FunctionalDataParallel`), gathered on
-    ``devices[index]`` (None: ``data_parallel``'s default)."""
-    facts = {}
-    for batch, out in cases:
-        head, x, y = head_batch(batch, devices)
-        model = FunctionalDataParallel(data_parallel, head, devices, None if out is None else devices[out])
-        facts[f"batch {batch}, output_device={'None' if out is None else f'devices[{out}]'}"] = \
-            measured(measure, model, x, y, devices)
-    return facts

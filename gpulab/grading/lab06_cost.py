@@ -1,15 +1,17 @@
 """Lab 06's graders for the α–β cost model and for buckets rebuilt from the ready order.
 
-Inputs are drawn from the grading run's seed (``grading.rng``) and the expected values come from
-:mod:`gpulab.parallel.measure.ring_cost` and :mod:`gpulab.parallel.ddp.rebuild`, computed only in the
-reference kernel (``grading.by_reference``):
+Inputs are drawn from the grading run's seed (``grading.rng``); the reference run's solution gives
+the expected side (gpulab's :mod:`gpulab.parallel.measure.ring_cost` and
+:mod:`gpulab.parallel.ddp.rebuild` do the same, for the unit tests and the visible tests'
+interactive expected values):
 
 - :func:`alpha_beta_cases` (noisy all-reduce times of a known α and β), :func:`prediction_cases`
   and :func:`best_size_cases` (models, backward times, α, β, both regimes) for the fit and the
   prediction;
-- :func:`measured_alpha_beta` and :func:`timed_model` for the measured check: all-reduce times
-  measured in 2 gloo ranks, and the model the grader then times at the predicted bucket size
-  (:func:`gpulab.grading.lab06_ddp.bucketing_run`);
+- :func:`timed_params`: the timed model's parameters, for the graded choice of a bucket size at
+  given α, β and backward time; :func:`measured_alpha_beta` and :func:`timed_model` for the
+  notebook's timing demo (all-reduce times measured in 2 gloo ranks, one rank's backward measured
+  here; then :func:`gpulab.grading.lab06_ddp.bucketing_run` at the chosen size, not graded);
 - :func:`rebuild_cases` (random sizes, ready orders and limits) and :func:`rebuild_models`
   (:class:`~gpulab.parallel.ddp.rebuild.OutOfOrderNet` models whose ready order is not the
   reverse registration order); :func:`refusing_torch_bucket_rule` around the student's call, since
@@ -33,7 +35,7 @@ from gpulab.parallel.measure.ring_cost import allreduce_seconds, backward_second
 from gpulab.parallel.measure.timing import deep_mlp
 
 __all__ = ["CANDIDATES_MB", "MEASURED_SIZES", "alpha_beta_cases", "prediction_cases", "best_size_cases",
-           "measured_alpha_beta", "timed_model", "rebuild_cases", "rebuild_models",
+           "measured_alpha_beta", "timed_model", "timed_params", "rebuild_cases", "rebuild_models",
            "refusing_torch_bucket_rule"]
 
 CANDIDATES_MB = (0.05, 0.25, 1.0, 4.0)  # for the timed model: about a layer per bucket ... the whole 2.1 MB model
@@ -97,6 +99,11 @@ def measured_alpha_beta(world_size: int = 2, sizes: tuple[int, ...] = MEASURED_S
     ``world_size`` gloo CPU ranks (the slower rank's), ready for ``fit_alpha_beta``."""
     per_rank = launch(allreduce_seconds, world_size, args=(list(sizes), repeats), backend="gloo", echo=False)
     return list(sizes), [max(ts) for ts in zip(*per_rank)], world_size
+
+
+def timed_params() -> list[nn.Parameter]:
+    """The parameters of the model :func:`~gpulab.grading.lab06_ddp.bucketing_run` trains (66 tensors, 2.1 MB)."""
+    return list(deep_mlp(SPEED_CFG.width, SPEED_CFG.depth, seed=SPEED_CFG.seed).parameters())
 
 
 def timed_model(world_size: int = 2) -> tuple[list[nn.Parameter], float]:

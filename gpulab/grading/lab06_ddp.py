@@ -4,21 +4,25 @@ The student writes ``MyOverlappedDDP(module)`` (one asynchronous all-reduce per 
 from a hook) and ``MyBucketedDDP(module, bucket_size_mb)`` (the hooks fill flat buckets; a full
 bucket's all-reduce starts at once). Both have ``finish()``, called after backward and before the
 optimizer step. The code under test runs inside gloo (or nccl) ranks, which cannot send evidence,
-so every function here returns plain values to the kernel, where the test cell checks them
-against values computed only in the reference kernel (``grading.by_reference``):
+so every function here returns plain values to the kernel, for the test cell to send; the grader
+compares them with the reference run's (the solution's), or applies a rule:
 
 - :func:`run_ddp_class` (the student's values): after k steps of momentum SGD with weight decay
   on 2 (or 3) ranks, every rank's parameters and which ``.grad`` stayed None; cases: an MLP at
   several bucket sizes, a weight shared by two modules, an unused parameter (its ``.grad`` must
   stay None, as in one process and in torch DDP with ``find_unused_parameters=True``).
-  :func:`single_process_run` is the expected value: one process on the whole batch.
+  :func:`single_process_run` is one process on the whole batch (a visible test's interactive
+  expected value).
 - :func:`trace_overlap` (the student's values): per rank, the all-reduce calls of one step and how
   many calls and elements started before backward's last gradient was ready, seen by the grader's
   own gradient hooks (registered before the student's class is built) and by a dispatch mode that
-  sees every collective (:mod:`gpulab.parallel.measure.trace`). :func:`overlap_plan` gives the bounds
-  they are checked against (gpulab's bucket plan, the classifier weight's size).
-- :func:`bucketing_run`: one unit of timed work for ``grading.check_speedup`` (one launch of 2 gloo
-  ranks training a few steps), returning losses that depend on every step's synchronisation.
+  sees every collective (:mod:`gpulab.parallel.measure.trace`). The bounds are the contract's, of
+  plain inputs: the classifier's weight (``10 * width`` elements) must be on its way before the last
+  gradient, and the calls per step are judged by the rule ``lab06.calls_per_step`` from the traced
+  model's :func:`gradient_bytes` (:func:`overlap_plan`, gpulab's plan, is for the unit tests).
+- :func:`bucketing_run`: one launch of 2 gloo ranks training a few steps of the timed model, for the
+  notebook's timing demo (real computing on the CPU: shown, never graded), returning losses that
+  depend on every step's synchronisation.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from gpulab.parallel.measure.trace import launched_before_last_gradient, trace_s
 from gpulab.parallel.workloads.ddp_examples import BranchyNet, TiedEmbeddingNet, example_data, token_data
 
 __all__ = ["PER_PARAMETER_CASES", "BUCKETED_CASES", "run_ddp_class", "single_process_run", "class_tolerance",
-           "OVERLAP_CFG", "OVERLAP_BUCKET_MB", "overlap_case", "trace_overlap", "overlap_plan",
+           "OVERLAP_CFG", "OVERLAP_BUCKET_MB", "overlap_case", "trace_overlap", "overlap_plan", "gradient_bytes",
            "SPEED_CFG", "bucketing_run", "preload_torch_ddp"]
 
 # (label, model, bucket_size_mb): None builds the class without a bucket size (the per-parameter one)
@@ -202,9 +206,15 @@ def trace_overlap(make: Callable, bucket_size_mb: float | None = OVERLAP_BUCKET_
                   echo=False)
 
 
+def gradient_bytes(cfg: StepTimingConfig = OVERLAP_CFG) -> list[int]:
+    """The bytes of each gradient of :func:`trace_overlap`'s model for ``cfg``, in registration order:
+    the plain inputs the rule ``lab06.calls_per_step`` plans the contract's buckets from."""
+    return [p.numel() * p.element_size() for p in deep_mlp(cfg.width, cfg.depth).parameters()]
+
+
 def overlap_plan(bucket_size_mb: float | None = OVERLAP_BUCKET_MB, cfg: StepTimingConfig = OVERLAP_CFG) -> dict[str, Any]:
-    """What a traced step of :func:`trace_overlap` is checked against (computed with gpulab's
-    bucket plan, so only in the reference kernel): ``num_params`` (gradient tensors), ``buckets``
+    """gpulab's plan for a traced step of :func:`trace_overlap`, for the unit tests of the bounds
+    the test cells state (no test cell calls it): ``num_params`` (gradient tensors), ``buckets``
     (gpulab's plan for ``bucket_size_mb``; None for per parameter) and ``min_elements`` (the
     classifier's weight: a real bucket started early carries at least that much)."""
     params = list(deep_mlp(cfg.width, cfg.depth).parameters())
@@ -212,11 +222,11 @@ def overlap_plan(bucket_size_mb: float | None = OVERLAP_BUCKET_MB, cfg: StepTimi
     return {"num_params": len(params), "buckets": plan, "min_elements": params[-2].numel()}
 
 
-# --- speed: one unit of work per timed run ----------------------------------------------------------
+# --- speed: one run of the timed model, for the notebook's timing demo ----------------------------------------------------------
 
 # 33 Linear layers of 128 features (66 gradient tensors, 2.1 MB; 3 buckets of 1 MB): small layers, so that
 # the per-call cost bucketing removes is most of the difference. One run, launch included, on 2 loaded
-# cores: about 0.8 s per parameter and 0.3 s bucketed (your-style classes); the check asks for 1.3x.
+# cores: about 0.8 s per parameter and 0.3 s bucketed (your-style classes), shown in the notebook, not graded.
 SPEED_CFG = StepTimingConfig(width=128, depth=32, batch_size=64, num_steps=12, warmup=2, bucket_size_mb=1.0)
 
 
@@ -244,7 +254,7 @@ def _speed_rank(rank, world_size, make, bucket_size_mb, seed, cfg):
 
 def bucketing_run(make: Callable, seed: int, bucket_size_mb: float | None = None, world_size: int = 2, *,
                   cfg: StepTimingConfig = SPEED_CFG, timeout: float = 120) -> list[float]:
-    """One unit of timed work: launch ``world_size`` gloo CPU ranks (the same on every machine) that
+    """One timed run: launch ``world_size`` gloo CPU ranks (the same on every machine) that
     train ``cfg.warmup + cfg.num_steps`` steps of a deep MLP, seeded by ``seed``, wrapped by
     ``make(module[, bucket_size_mb])``.
 

@@ -7,18 +7,16 @@ devices, inputs, targets, split_size, loss_fn, timeline=None)`` (GPipe's forward
 thread per stage) and ``bubble``. Besides their outputs and gradients (against the whole model's,
 :func:`whole_step`), three things are graded:
 
-- **overlap, without a clock** (:func:`stages_overlap`, :func:`train_step_overlap`): two stages
-  that can only finish if stage 0 works on micro-batch k + 1 *while* stage 1 works on micro-batch
-  k (they meet at a ``threading.Barrier``), and for the training step a second barrier that stage 0
-  can only pass while back-propagating a micro-batch while stage 1 back-propagates the next. A
-  pipeline gets through on any machine, however loaded; code that runs the stages one after the
-  other never does. The values sent: whether each barrier was met, and the outputs (the loss and
-  the gradients for the training step);
+- **overlap, without a clock** (:func:`stages_overlap`, :func:`train_step_overlap`, in
+  :mod:`gpulab.grading.lab07_runs`): stages that meet at a ``threading.Barrier``, which only a
+  pipeline gets through, on any machine, however loaded;
 - **GPipe's schedule** (:func:`train_step_schedule`): what the student's timeline says, as facts
   that do not depend on the clock (every event there, the first hand-off or flush out of order);
-- **the speed-up** (:func:`train_step_work`): one seeded training step of the student's pipeline
-  and one of the same micro-batches run one after the other (:func:`sequential_train_step`), for
-  ``grading.check_speedup``, which the grader times from outside the kernel.
+- **the pipeline's time on a modelled clock** (:func:`sleeping_step_work`, in
+  :mod:`gpulab.grading.lab07_runs`): a step of two stages that each wait a fixed time per
+  micro-batch and pass, measured by the grader (``grading.check_measured``, rule ``measure.wall``).
+  The real speed-up over sequential micro-batches (CPU computing, which another program's load
+  stretches) is shown in the notebook, never graded.
 
 Each call of the student's code runs in a helper thread with a time limit
 (:func:`run_with_timeout`), so a pipeline whose stage thread waits forever for a micro-batch stops
@@ -34,24 +32,35 @@ tolerances of the comparisons with the CPU's float32 reference assume (:data:`FL
 from __future__ import annotations
 
 import copy
-import threading
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from gpulab.devices import LogicalDevice, cuda_device_count, logical_devices
+from gpulab.grading.lab07_runs import (
+    OVERLAPPED,
+    SLEEP_DEVICE_S,
+    SLEEP_MICRO_BATCHES,
+    StepTimeout,
+    run_with_timeout,
+    sleeping_step_bounds,
+    sleeping_step_work,
+    stages_overlap,
+    train_step_overlap,
+)
 from gpulab.grading.numerics import exact_float32
 from gpulab.parallel.pipeline import bubble_fraction, gpipe_train_step, micro_batch_step
 from gpulab.parallel.pipeline.pipelined import _concat
-from gpulab.parallel.pipeline.split import SplitModel, split_model
+from gpulab.parallel.pipeline.split import SplitModel
 from gpulab.parallel.pipeline.threads import StageThreads, run_in_stage_threads
 from gpulab.parallel.pipeline.timing import intra_op_threads
 from gpulab.parallel.pipeline.torch_stages import torch_pipeline_step
 
 __all__ = ["REFERENCES", "StepTimeout", "lab_devices", "run_with_timeout", "reference_forward", "sequential_train_step",
-           "stages_overlap", "train_step_overlap", "schedule_facts", "train_step_schedule", "train_step_work",
-           "whole_step", "named_gradients", "exact_float32", "FLOAT32_RTOL", "FLOAT32_ATOL", "OVERLAPPED"]
+           "stages_overlap", "train_step_overlap", "schedule_facts", "train_step_schedule", "sleeping_step_work",
+           "sleeping_step_bounds", "SLEEP_MICRO_BATCHES", "SLEEP_DEVICE_S", "whole_step", "named_gradients",
+           "exact_float32", "FLOAT32_RTOL", "FLOAT32_ATOL", "OVERLAPPED"]
 
 # gpulab's reference implementations of lab 07's exercises, masked in a graded kernel
 # (gpulab.autograde.box.mask): GPipe's training step, the pipeline's overlapped CPU schedule (behind
@@ -63,8 +72,6 @@ __all__ = ["REFERENCES", "StepTimeout", "lab_devices", "run_with_timeout", "refe
 # micro_batch_step (the graders' baseline, overlap=False), StageThreads and forward_streams
 # (PipelinedModel's machinery; on GPUs, the CUDA streams).
 REFERENCES: tuple = (gpipe_train_step, run_in_stage_threads, bubble_fraction, torch_pipeline_step)
-
-OVERLAPPED = "overlapped"
 
 # The tolerances of graded comparisons with the whole model, which the reference kernel runs on the
 # CPU in float32, and how they hold where the student's code runs on a GPU:
@@ -96,39 +103,7 @@ def lab_devices(n: int = 2) -> list[LogicalDevice]:
     return two if n == 2 else logical_devices(n, [two[0].physical])
 
 
-class StepTimeout(TimeoutError):
-    """The student's function did not return within its time limit."""
-
-
-def run_with_timeout(fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0, what: str = "your function",
-                     grad: bool | None = None, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in a helper thread: its result, its exception, or :class:`StepTimeout`
-    after ``timeout_s`` seconds. ``grad`` sets grad mode in the thread (default: the caller's). The
-    call computes in IEEE float32 (:func:`exact_float32`: no TF32 on a GPU), as the reference does."""
-    grad = torch.is_grad_enabled() if grad is None else grad
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            with torch.set_grad_enabled(grad):
-                box["value"] = fn(*args, **kwargs)
-        except BaseException as err:  # re-raised in the caller's thread
-            box["error"] = err
-
-    thread = threading.Thread(target=target, name="gpulab-grading", daemon=True)
-    with exact_float32():
-        thread.start()
-        thread.join(timeout_s)
-    if thread.is_alive():
-        raise StepTimeout(f"{what} did not return within {timeout_s:.0f} s: a thread may be waiting for something "
-                          "that never comes. When a stage fails, the other threads and the caller must stop too, and "
-                          "the caller raises the stage's exception (see the exercise's Hint 1)")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-# --- gpulab's versions behind the exercises' signatures (expected values: by_reference only) -----
+# --- gpulab's versions behind the exercises' signatures (visible tests' interactive expected values) --
 
 def reference_forward(stages: Sequence[nn.Module], devices: Sequence[LogicalDevice], x: torch.Tensor,
                       split_size: int) -> torch.Tensor:
@@ -174,138 +149,6 @@ def named_gradients(named_like: nn.Module, params: nn.Module | Any) -> dict[str,
     params = list(params.parameters() if isinstance(params, nn.Module) else params)
     return {names[i] if i < len(names) else f"extra parameter {i}": None if p.grad is None else p.grad.detach().clone()
             for i, p in enumerate(params)}  # copies: a later step accumulates into .grad in place
-
-
-# --- overlap, without a clock -------------------------------------------------------------------
-
-class _Meet(nn.Module):
-    """Identity that waits at a barrier on its ``at_call``-th call (0-based)."""
-
-    def __init__(self, barrier: threading.Barrier, at_call: int) -> None:
-        super().__init__()
-        self.barrier, self.at_call, self.calls = barrier, at_call, 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.calls == self.at_call:
-            self.barrier.wait()
-        self.calls += 1
-        return x + 0.0
-
-
-def _check_meet(x: torch.Tensor, meet: int, what: str) -> None:
-    if not 0 <= meet <= x.size(0) - 2:
-        raise ValueError(f"{what}: meeting at micro-batch {meet} needs at least {meet + 2} rows, got {x.size(0)}")
-
-
-def stages_overlap(pipelined_forward: Callable[..., torch.Tensor], devices: Sequence[LogicalDevice],
-                   x: torch.Tensor, meet: int = 0, timeout_s: float = 5.0) -> dict[str, Any]:
-    """Run ``pipelined_forward`` on two identity stages, one row per micro-batch, that can only get
-    through if stage 0 works on micro-batch ``meet + 1`` while stage 1 works on micro-batch ``meet``.
-
-    Returns:
-        ``{"stages": "overlapped" or what went wrong, "output": the output (None if it did not
-        get through)}``; a pipeline gives ``"overlapped"`` and ``x`` itself.
-
-    Raises:
-        StepTimeout: the call did not return (a stage thread waits forever); any exception of the
-            student's code other than the broken barrier.
-    """
-    _check_meet(x, meet, "stages_overlap")
-    barrier = threading.Barrier(2, timeout=timeout_s)
-    split = split_model(nn.Sequential(_Meet(barrier, meet + 1), _Meet(barrier, meet)), list(devices)[:2])
-    try:
-        out = run_with_timeout(pipelined_forward, list(split.stages), split.devices, x, 1,
-                               timeout_s=4 * timeout_s + 5, what="pipelined_forward")
-    except Exception:
-        if not barrier.broken:
-            raise
-        return {"stages": f"one after the other: stage 0 never worked on micro-batch {meet + 1} while stage 1 "
-                          f"worked on micro-batch {meet}", "output": None}
-    return {"stages": OVERLAPPED, "output": out}
-
-
-class _WaitInBackward(torch.autograd.Function):
-    """Identity whose backward waits at its module's backward barrier on the chosen call."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, meet: "_MeetBoth") -> torch.Tensor:
-        ctx.meet = meet
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        meet = ctx.meet
-        if meet.backward_calls == meet.at_backward:
-            meet.backward_barrier.wait()
-        meet.backward_calls += 1
-        return grad, None
-
-
-class _MeetBoth(_Meet):
-    """``x * weight`` (weight 1) that waits at a forward barrier on its ``at_call``-th forward and at
-    a backward barrier on its ``at_backward``-th backward (0-based, in the order they happen)."""
-
-    def __init__(self, barrier: threading.Barrier, at_call: int, backward_barrier: threading.Barrier,
-                 at_backward: int) -> None:
-        super().__init__(barrier, at_call)
-        self.weight = nn.Parameter(torch.ones(()))
-        self.backward_barrier, self.at_backward, self.backward_calls = backward_barrier, at_backward, 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _WaitInBackward.apply(super().forward(x) * self.weight, self)
-
-
-def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return (out - target).square().mean()
-
-
-def _as_loss(loss: Any) -> Any:
-    """The returned loss as a number where it is one (a float, or a one-element tensor), else its repr."""
-    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-        return float(loss)
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-        return float(loss.detach().cpu())
-    return repr(loss)[:200]
-
-
-def train_step_overlap(train_step: TrainStep, devices: Sequence[LogicalDevice], x: torch.Tensor,
-                       forward_meet: int = 0, backward_meet: int = 0, timeout_s: float = 5.0) -> dict[str, Any]:
-    """Run ``train_step`` on two stages ``x * w`` (``w`` = 1), one row per micro-batch, target 0 and
-    mean squared error, that get through only if both passes overlap: forward, stage 0 works on
-    micro-batch ``forward_meet + 1`` while stage 1 works on ``forward_meet``; backward, stage 0's
-    ``backward_meet``-th backward runs while stage 1's next one does (whatever order the
-    micro-batches come back in). Back-propagating everything in one thread never meets.
-
-    Returns:
-        ``{"forward": ..., "backward": ...}`` (``"overlapped"``, or what went wrong), the returned
-        ``"loss"`` (``mean(x ** 2)`` for a correct step) and the two weights' ``"gradients"``.
-
-    Raises:
-        StepTimeout, or the student's own exception (other than a broken barrier).
-    """
-    _check_meet(x, max(forward_meet, backward_meet), "train_step_overlap")
-    forward, backward = threading.Barrier(2, timeout=timeout_s), threading.Barrier(2, timeout=timeout_s)
-    split = split_model(nn.Sequential(_MeetBoth(forward, forward_meet + 1, backward, backward_meet),
-                                      _MeetBoth(forward, forward_meet, backward, backward_meet + 1)), list(devices)[:2])
-    y = torch.zeros_like(x)
-    facts: dict[str, Any] = {"forward": OVERLAPPED, "backward": OVERLAPPED}
-    try:
-        loss = run_with_timeout(train_step, list(split.stages), split.devices, x, y, 1, _mse,
-                                timeout_s=4 * timeout_s + 5, what="pipelined_train_step", grad=True)
-    except Exception:
-        if forward.broken:
-            facts["forward"] = (f"one after the other: stage 0 never worked on micro-batch {forward_meet + 1} "
-                                f"while stage 1 worked on micro-batch {forward_meet}")
-            facts["backward"] = "not reached"
-        elif backward.broken:
-            facts["backward"] = ("one after the other: stage 0 never back-propagated a micro-batch while stage 1 "
-                                 "back-propagated the next one")
-        else:
-            raise
-        loss = None
-    facts["loss"] = None if loss is None else _as_loss(loss)
-    facts["gradients"] = [None if s[0].weight.grad is None else float(s[0].weight.grad) for s in split.stages]
-    return facts
 
 
 # --- GPipe's schedule, from the student's timeline -----------------------------------------------
@@ -357,36 +200,3 @@ def train_step_schedule(train_step: TrainStep, split: SplitModel, inputs: torch.
                          timeline, what="pipelined_train_step", grad=True)
     split.zero_grad(set_to_none=True)
     return schedule_facts(timeline, len(split.stages), -(-inputs.size(0) // split_size))
-
-
-# --- the speed-up: one seeded training step, for grading.check_speedup -------------------------
-
-def train_step_work(train_step: TrainStep, split: SplitModel, split_size: int, *, batch_size: int = 64,
-                    image_size: int = 64, num_classes: int = 10, loss_fn: LossFn = nn.functional.cross_entropy,
-                    timeout_s: float = 120.0) -> Callable[[int], dict[str, Any]]:
-    """One unit of timed work for ``grading.check_speedup``: ``work(seed)`` draws a batch of images
-    and labels from ``seed``, clears the gradients and runs ``train_step`` on ``split``'s stages
-    (one intra-op thread, in a helper thread with a time limit).
-
-    Returns:
-        ``work(seed) -> {"loss": the returned loss, "gradient norms": each parameter's}``: small, and
-        depending on all the work, for the grader to compare with the reference run's.
-    """
-    stages, devices = list(split.stages), list(split.devices)
-    params = [p for p in split.parameters() if p.requires_grad]
-    name = getattr(train_step, "__name__", "the training step")
-
-    def work(seed: int) -> dict[str, Any]:
-        gen = torch.Generator().manual_seed(int(seed))
-        x = torch.randn(batch_size, 3, image_size, image_size, generator=gen)  # (B, 3, H, W)
-        y = torch.randint(0, num_classes, (batch_size,), generator=gen)
-        split.zero_grad(set_to_none=True)
-        with intra_op_threads(1):
-            loss = run_with_timeout(train_step, stages, devices, x, y, split_size, loss_fn, timeout_s=timeout_s,
-                                    what=name, grad=True)
-        nan = torch.tensor(float("nan"))
-        norms = torch.stack([nan if p.grad is None else p.grad.detach().float().norm().cpu() for p in params])
-        return {"loss": _as_loss(loss), "gradient norms": norms}
-
-    work.__name__ = f"train_step_work({name})"
-    return work

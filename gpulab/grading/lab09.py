@@ -1,24 +1,23 @@
-"""Lab 09's graders: a student's ZeRO-1 and gradient accumulation, run inside real ranks.
+"""Lab 09's graders: a student's ZeRO-1, run inside real ranks, and the masked references of the lab.
 
 Code that runs inside ranks (started by :func:`gpulab.parallel.launch`, fork, so the code under
 test may come from a notebook cell) cannot send evidence: each function here returns what the
-ranks hold, and the test cell checks it against a value computed by the function next to it,
-called only inside ``grading.by_reference`` (gpulab's references are masked in the student's
-kernel while the lab is graded):
+ranks hold, for the test cell's checks to send. The source's solution, run the same way in the
+reference run, gives the expected side; the functions next to them compute a visible test's
+interactive expected value (``grading.interactive_expected``: never under the grader, where
+gpulab's references are masked):
 
-- :func:`random_partition_cases` for ``partition_params`` against :func:`balanced_owners`;
+- :func:`random_partition_cases` for ``partition_params`` (gpulab's is :func:`balanced_owners`);
 - :func:`run_zero1`: the student's ZeRO-1 class (``cls(params, optimizer_cls, **kwargs)`` with
   ``step()``, ``zero_grad()`` and a ``local_optimizer``) trained on every rank: each rank's
-  parameters (against :func:`single_process_params`), the parameters its ``local_optimizer``
-  holds and that optimizer's state bytes (against :func:`reference_zero1`, gpulab's
-  :class:`ShardedOptimizer` in the same ranks);
+  parameters (:func:`single_process_params`), the parameters its ``local_optimizer`` holds and
+  that optimizer's state bytes (:func:`reference_zero1`, gpulab's :class:`ShardedOptimizer` in
+  the same ranks);
 - :func:`measure_zero1_bytes`: the bytes per rank of :func:`~gpulab.parallel.sharding.runs.measure_sharding`
-  for the student's class (against gpulab's ``"zero1"`` strategy: :func:`reference_zero1_bytes`);
-- :func:`run_accumulation`: named accumulation steps ``fn(model, optimizer, micro_batches, loss_fn)``
-  on :class:`NaiveDDP` or :class:`BucketedDDP`: all-reduce calls per step (counted), step times
-  and every rank's parameters (against :func:`calls_per_sync` and :func:`single_process_accumulation`).
+  for the student's class (gpulab's ``"zero1"`` strategy: :func:`reference_zero1_bytes`).
 
-The ZeRO-2 and FSDP2 exercises' graders are in :mod:`gpulab.grading.lab09_zero2` and
+The gradient-accumulation, ZeRO-2 and FSDP2 exercises' graders are in
+:mod:`gpulab.grading.lab09_accumulation`, :mod:`gpulab.grading.lab09_zero2` and
 :mod:`gpulab.grading.lab09_fsdp`; their references are masked from here.
 """
 
@@ -28,24 +27,34 @@ import contextlib
 import functools
 import random
 from collections import Counter
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from gpulab.models import MLP
-from gpulab.parallel import BucketedDDP, NaiveDDP, allreduce_gradients, bucket_assignment, launch, rank_device
-from gpulab.parallel.sharding.accumulation import accumulation_step, count_collectives
+from gpulab.parallel import allreduce_gradients, launch, rank_device
+from gpulab.parallel.sharding.accumulation import accumulation_step
 from gpulab.parallel.sharding.fsdp import apply_fsdp
 from gpulab.parallel.sharding.runs import ShardingConfig, measure_sharding, preload_sharding, summarize_sharding
 from gpulab.parallel.sharding.state_bytes import optimizer_state_bytes
 from gpulab.parallel.sharding.zero1 import ShardedOptimizer, _assign, balanced_owners
 from gpulab.parallel.sharding.zero2 import ZeRO2Optimizer
-from gpulab.profiling.interleave import timed_call
 
-__all__ = ["REFERENCES", "TiedMLP", "random_partition_cases", "balanced_owners", "run_zero1", "reference_zero1",
-           "single_process_params", "zero1_tolerance", "bytes_config", "bytes_case", "measure_zero1_bytes", "reference_zero1_bytes",
-           "every_micro_batch", "run_accumulation", "calls_per_sync", "single_process_accumulation"]
+__all__ = [
+    "REFERENCES",
+    "TiedMLP",
+    "random_partition_cases",
+    "balanced_owners",
+    "run_zero1",
+    "reference_zero1",
+    "single_process_params",
+    "zero1_tolerance",
+    "bytes_config",
+    "bytes_case",
+    "measure_zero1_bytes",
+    "reference_zero1_bytes",
+]
 
 # gpulab's reference implementations of lab 09's exercises, masked in a graded kernel (gpulab.autograde.box.mask):
 # the ZeRO-1 optimizer, its largest-first partition (and the helper both call), the ZeRO-2 optimizer
@@ -87,7 +96,9 @@ def _model(name: str) -> nn.Module:
     return MLP([8, 32, 24, 8])  # uneven tensor sizes: 256, 32, 768, 24, 192, 8 elements
 
 
-def _data(features: int = 8, classes: int = 8, seed: int = 1, num_samples: int = NUM_SAMPLES) -> tuple[torch.Tensor, torch.Tensor]:
+def _data(
+    features: int = 8, classes: int = 8, seed: int = 1, num_samples: int = NUM_SAMPLES
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(num_samples, features, generator=g), torch.randint(0, classes, (num_samples,), generator=g)
 
@@ -104,13 +115,18 @@ def zero1_tolerance(world_size: int) -> float:
 
 # --- exercise 1: the partition ---------------------------------------------------------------------
 
+
 def random_partition_cases(rng: random.Random, n: int = 25) -> dict[str, tuple[list[torch.Tensor], int]]:
     """``n`` parameter lists (sizes with repeats, three dtypes) and world sizes drawn from ``rng``,
     keyed by a readable name: ``{name: (params, world_size)}``."""
     cases = {}
     for trial in range(n):
-        params = [torch.zeros(rng.choice([1, 5, 16, 64, 64, 300]), dtype=rng.choice([torch.float32, torch.float64, torch.float16]))
-                  for _ in range(rng.randrange(1, 20))]
+        params = [
+            torch.zeros(
+                rng.choice([1, 5, 16, 64, 64, 300]), dtype=rng.choice([torch.float32, torch.float64, torch.float16])
+            )
+            for _ in range(rng.randrange(1, 20))
+        ]
         ws = rng.randrange(1, 7)
         sizes = [p.numel() * p.element_size() for p in params]
         cases[f"trial {trial + 1}: {len(params)} parameters of {sizes} bytes over {ws} ranks"] = (params, ws)
@@ -118,6 +134,7 @@ def random_partition_cases(rng: random.Random, n: int = 25) -> dict[str, tuple[l
 
 
 # --- exercise 2: ZeRO-1 --------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def counting_built(classes: dict[str, type]) -> Iterator[Counter]:
@@ -162,13 +179,24 @@ def _zero1_rank(rank, world_size, zero_cls, model_name, optimizer, num_steps, se
         raise TypeError("your ZeRO-1 class must keep its torch optimizer in self.local_optimizer")
     index = {id(p): i for i, p in enumerate(params)}
     held = sorted(index[id(p)] for g in holder.param_groups for p in g["params"] if id(p) in index)
-    return {"params": {n: p.detach().cpu() for n, p in model.named_parameters()},
-            "local_params": held, "state_bytes": optimizer_state_bytes(holder),
-            "torch ZeroRedundancyOptimizers built": built["ZeroRedundancyOptimizer"]}
+    return {
+        "params": {n: p.detach().cpu() for n, p in model.named_parameters()},
+        "local_params": held,
+        "state_bytes": optimizer_state_bytes(holder),
+        "torch ZeroRedundancyOptimizers built": built["ZeroRedundancyOptimizer"],
+    }
 
 
-def run_zero1(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str = "mlp", optimizer: str = "adamw",
-              num_steps: int = 3, seed: int = 1, timeout: float = 90) -> list[dict[str, Any]]:
+def run_zero1(
+    zero_cls: Callable[..., Any],
+    world_size: int = 2,
+    *,
+    model: str = "mlp",
+    optimizer: str = "adamw",
+    num_steps: int = 3,
+    seed: int = 1,
+    timeout: float = 90,
+) -> list[dict[str, Any]]:
     """Train ``model`` ("mlp", "tied" or "tiny") ``num_steps`` with ``zero_cls`` over ``optimizer``
     ("adamw" or "sgd" with momentum) on ``world_size`` ranks, each with its shard of a 24-sample
     batch drawn from ``seed``, the gradients averaged first.
@@ -179,13 +207,15 @@ def run_zero1(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str =
         ``state_bytes`` (that optimizer's state, counted from its tensors) and
         ``"torch ZeroRedundancyOptimizers built"`` (0 for a ZeRO-1 written by hand).
     """
-    return launch(_zero1_rank, world_size, args=(zero_cls, model, optimizer, num_steps, seed), timeout=timeout,
-                  echo=False)
+    return launch(
+        _zero1_rank, world_size, args=(zero_cls, model, optimizer, num_steps, seed), timeout=timeout, echo=False
+    )
 
 
 @functools.lru_cache(maxsize=16)
-def reference_zero1(world_size: int = 2, model: str = "mlp", optimizer: str = "adamw", num_steps: int = 3,
-                    seed: int = 1) -> list[dict[str, Any]]:
+def reference_zero1(
+    world_size: int = 2, model: str = "mlp", optimizer: str = "adamw", num_steps: int = 3, seed: int = 1
+) -> list[dict[str, Any]]:
     """:func:`run_zero1` of gpulab's :class:`ShardedOptimizer` (one launch per arguments, kept)."""
     return run_zero1(ShardedOptimizer, world_size, model=model, optimizer=optimizer, num_steps=num_steps, seed=seed)
 
@@ -205,6 +235,7 @@ def single_process_params(model_name: str, optimizer: str, num_steps: int, seed:
 
 # --- bytes per rank, measured as the lab's demo measures them -------------------------------------------
 
+
 def bytes_config(depth: int = 3, seed: int = 0) -> ShardingConfig:
     """The small :class:`ShardingConfig` the bytes are measured on: ``depth`` hidden layers of 64
     features (a multiple of every world size used), one AdamW step."""
@@ -216,14 +247,20 @@ def bytes_case(rng: random.Random) -> tuple[int, int]:
     return rng.randint(2, 6), rng.randrange(10**6)
 
 
-def measure_zero1_bytes(zero_cls: Callable[..., Any], world_size: int, depth: int = 3, seed: int = 0,
-                        timeout: float = 120) -> list[dict[str, int]]:
+def measure_zero1_bytes(
+    zero_cls: Callable[..., Any], world_size: int, depth: int = 3, seed: int = 0, timeout: float = 120
+) -> list[dict[str, int]]:
     """Per rank, the bytes (``params``, ``grads``, ``optimizer_state``, ``num_params``) that
     :func:`measure_sharding` counts after training :func:`bytes_config` with torch DDP's
     gradients and ``zero_cls``."""
     preload_sharding()
-    per_rank = launch(measure_sharding, world_size, args=([("yours", zero_cls)], bytes_config(depth, seed)),
-                      timeout=timeout, echo=False)
+    per_rank = launch(
+        measure_sharding,
+        world_size,
+        args=([("yours", zero_cls)], bytes_config(depth, seed)),
+        timeout=timeout,
+        echo=False,
+    )
     return _bytes(summarize_sharding(per_rank)["yours"])
 
 
@@ -231,123 +268,12 @@ def measure_zero1_bytes(zero_cls: Callable[..., Any], world_size: int, depth: in
 def reference_zero1_bytes(world_size: int, depth: int = 3, seed: int = 0) -> list[dict[str, int]]:
     """:func:`measure_zero1_bytes` of gpulab's ZeRO-1 (its ``"zero1"`` strategy; one launch per arguments, kept)."""
     preload_sharding()
-    per_rank = launch(measure_sharding, world_size, args=(["zero1"], bytes_config(depth, seed)), timeout=120, echo=False)
+    per_rank = launch(
+        measure_sharding, world_size, args=(["zero1"], bytes_config(depth, seed)), timeout=120, echo=False
+    )
     return _bytes(summarize_sharding(per_rank)["zero1"])
 
 
 def _bytes(summary: dict[str, Any]) -> list[dict[str, int]]:
     keep = ("params", "grads", "optimizer_state", "num_params")
     return [{k: int(b[k]) for k in keep} for b in summary["bytes"]]
-
-
-# --- exercise 3: gradient accumulation -----------------------------------------------------------------
-
-def every_micro_batch(model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Any],
-                      loss_fn: Callable) -> None:
-    """The baseline: synchronise after every micro-batch (correct, k times the calls)."""
-    for inputs, targets in micro_batches:
-        (loss_fn(model(inputs), targets) / len(micro_batches)).backward()
-        model.sync_gradients()
-    optimizer.step()
-    optimizer.zero_grad()
-
-
-def _wrapped(wrapper: str, module: nn.Module) -> nn.Module:
-    if wrapper == "naive":
-        return NaiveDDP(module)
-    return BucketedDDP(module, bucket_size_mb=_bucket_mb(module))
-
-
-def _bucket_mb(module: nn.Module) -> float:
-    return sum(p.numel() * p.element_size() for p in module.parameters()) / 3 / 2**20  # about 3 buckets
-
-
-def _accumulation_rank(rank, world_size, step_fns, wrapper, micro_batches, num_steps, warmup, sizes, num_samples, seed):
-    device = rank_device(rank)
-    inputs, targets = (t.chunk(world_size)[rank].to(device)
-                       for t in _data(sizes[0], sizes[-1], seed=seed, num_samples=num_samples))
-    micro = list(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))  # k micro-batches
-    runs = []
-    for name, fn in step_fns:
-        torch.manual_seed(0)
-        module = MLP(sizes).to(device)
-        model = _wrapped(wrapper, module)
-        per_sync = len(model.buckets) if wrapper == "bucketed" else len(list(module.parameters()))
-        opt = torch.optim.SGD(module.parameters(), lr=0.2, momentum=0.9)
-        runs.append({"name": name, "fn": fn, "model": model, "opt": opt, "per_sync": per_sync, "calls": 0, "times": []})
-    for step in range(warmup + num_steps):
-        for run in runs:  # interleaved, so machine load hits every variant alike
-            torch.distributed.barrier()
-            with count_collectives() as calls:  # timed_call: on a GPU the step's kernels, not only their launch
-                wall, _ = timed_call(lambda run=run: run["fn"](run["model"], run["opt"], micro, nn.functional.cross_entropy))
-            if step >= warmup:  # the first steps set up gloo's buffers: neither timed nor counted
-                run["times"].append(wall)
-                run["calls"] += calls["all_reduce"]
-    return {run["name"]: {"all_reduce_per_step": run["calls"] / num_steps, "per_sync": run["per_sync"],
-                          "step_s": run["times"],
-                          "params": {n: p.detach().cpu() for n, p in run["model"].module.named_parameters()}}
-            for run in runs}
-
-
-def run_accumulation(step_fns: Sequence[tuple[str, Callable]], world_size: int = 2, *, wrapper: str = "naive",
-                     micro_batches: int = 3, num_steps: int = 2, warmup: int = 0, sizes: Sequence[int] = (8, 32, 32, 8),
-                     num_samples: int = NUM_SAMPLES, seed: int = 1, timeout: float = 90) -> dict[str, dict[str, Any]]:
-    """Run each named accumulation step ``num_steps`` times on ``world_size`` ranks (one launch).
-
-    Each rank splits its half (third...) of a ``num_samples`` batch drawn from ``seed`` into
-    ``micro_batches``; the variants take their steps interleaved. ``warmup`` steps come first,
-    neither timed nor counted.
-
-    Returns:
-        Per name: ``all_reduce_per_step`` (calls, counted), ``per_sync`` (calls one full
-        synchronisation makes), ``step_s`` (the slower rank's seconds per step), ``params`` (every
-        rank's, after training: compare with :func:`single_process_accumulation`), and for the
-        demos ``max_abs_diff`` (worst rank vs one process stepping on the whole batch) and
-        ``rank_spread`` (the largest difference between two ranks' parameters).
-    """
-    if wrapper not in ("naive", "bucketed"):
-        raise ValueError(f"wrapper must be 'naive' or 'bucketed', got {wrapper!r}")
-    if num_samples % (world_size * micro_batches):
-        raise ValueError(f"num_samples={num_samples} must be divisible by world_size x micro_batches = "
-                         f"{world_size * micro_batches}, so every micro-batch has the same size")
-    per_rank = launch(_accumulation_rank, world_size, args=(list(step_fns), wrapper, micro_batches, num_steps, warmup,
-                                                           tuple(sizes), num_samples, seed),
-                      timeout=timeout, echo=False)
-    ref = single_process_accumulation(1, num_steps, warmup, sizes, num_samples, seed)[0]
-    out = {}
-    for name, _ in step_fns:
-        runs = [r[name] for r in per_rank]
-        out[name] = {
-            "all_reduce_per_step": runs[0]["all_reduce_per_step"], "per_sync": runs[0]["per_sync"],
-            "step_s": [max(ts) for ts in zip(*(r["step_s"] for r in runs))],
-            "params": [r["params"] for r in runs],
-            "max_abs_diff": max((r["params"][n] - p).abs().max().item() for r in runs for n, p in ref.items()),
-            "rank_spread": max((r["params"][n] - runs[0]["params"][n]).abs().max().item() for r in runs for n in runs[0]["params"]),
-        }
-    return out
-
-
-def calls_per_sync(wrapper: str, sizes: Sequence[int] = (8, 32, 32, 8)) -> int:
-    """All-reduce calls one synchronisation of ``wrapper`` makes on ``MLP(sizes)``: one per
-    parameter (NaiveDDP), one per bucket of gpulab's plan (BucketedDDP, about 3 buckets)."""
-    module = MLP(sizes)
-    if wrapper == "naive":
-        return len(list(module.parameters()))
-    return len(bucket_assignment(list(module.parameters()), _bucket_mb(module)))
-
-
-def single_process_accumulation(world_size: int = 2, num_steps: int = 2, warmup: int = 0,
-                                sizes: Sequence[int] = (8, 32, 32, 8), num_samples: int = NUM_SAMPLES,
-                                seed: int = 1) -> list[dict[str, torch.Tensor]]:
-    """Every rank's parameters after :func:`run_accumulation`, as one process stepping on the whole
-    batch computes them (``[params] * world_size``)."""
-    torch.manual_seed(0)
-    ref = MLP(sizes)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.9)
-    inputs, targets = _data(sizes[0], sizes[-1], seed=seed, num_samples=num_samples)
-    for _ in range(warmup + num_steps):
-        nn.functional.cross_entropy(ref(inputs), targets).backward()
-        opt.step()
-        opt.zero_grad()
-    params = {n: p.detach().clone() for n, p in ref.named_parameters()}
-    return [params] * world_size

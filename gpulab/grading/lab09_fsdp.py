@@ -2,8 +2,9 @@
 applies torch's ``fully_shard`` to a :class:`~gpulab.parallel.sharding.fsdp.BlockMLP`, inside real ranks.
 
 Code inside ranks cannot send evidence: :func:`run_fsdp` returns what each rank holds (through
-:func:`~gpulab.parallel.sharding.fsdp.probe_fsdp`), and the test cell checks it against the value
-the function next to it computes, called only inside ``grading.by_reference`` (gpulab's
+:func:`~gpulab.parallel.sharding.fsdp.probe_fsdp`), for the test cell's checks to send; the
+source's ``wrap_fsdp``, run the same way in the reference run, gives the expected side, and the
+function next to each value gives a visible test's interactive expected value (gpulab's
 :func:`~gpulab.parallel.sharding.fsdp.apply_fsdp` is masked in the student's kernel):
 
 - every rank's parameters after training against :func:`single_process_params` (torch's AdamW in
@@ -28,8 +29,15 @@ from gpulab.grading.lab09 import _data
 from gpulab.parallel import launch
 from gpulab.parallel.sharding.fsdp import ADAM_EPS, BlockMLP, apply_fsdp, probe_fsdp
 
-__all__ = ["fsdp_case", "run_fsdp", "reference_fsdp", "single_process_params", "expected_local_bytes", "peaks",
-           "structure"]
+__all__ = [
+    "fsdp_case",
+    "run_fsdp",
+    "reference_fsdp",
+    "single_process_params",
+    "expected_local_bytes",
+    "peaks",
+    "structure",
+]
 
 NUM_STEPS, LR = 3, 0.05
 
@@ -48,8 +56,16 @@ def _call(wrap_fn: Callable[..., Any], reshard_after_forward: bool, model: nn.Mo
 
 
 @functools.lru_cache(maxsize=8)
-def run_fsdp(wrap_fn: Callable[..., Any], world_size: int = 2, *, depth: int = 3, width: int = 16, seed: int = 0,
-             reshard_after_forward: bool = True, timeout: float = 90) -> list[dict[str, Any]]:
+def run_fsdp(
+    wrap_fn: Callable[..., Any],
+    world_size: int = 2,
+    *,
+    depth: int = 3,
+    width: int = 16,
+    seed: int = 0,
+    reshard_after_forward: bool = True,
+    timeout: float = 90,
+) -> list[dict[str, Any]]:
     """``wrap_fn(model, mesh, reshard_after_forward=...)`` on a ``BlockMLP(width=width, depth=depth,
     seed=seed)`` in every rank, then 3 AdamW steps, each rank on its part of a 24-sample batch
     drawn from ``seed``. One launch per arguments (kept, so the test cells of one run share it).
@@ -60,16 +76,23 @@ def run_fsdp(wrap_fn: Callable[..., Any], world_size: int = 2, *, depth: int = 3
     """
     make_model = functools.partial(BlockMLP, width=width, depth=depth, seed=seed)
     inputs, targets = _data(seed=seed)
-    return launch(probe_fsdp, world_size, args=(_wrapper(wrap_fn, reshard_after_forward), make_model, inputs, targets,
-                                                NUM_STEPS, LR), timeout=timeout, echo=False)
+    return launch(
+        probe_fsdp,
+        world_size,
+        args=(_wrapper(wrap_fn, reshard_after_forward), make_model, inputs, targets, NUM_STEPS, LR),
+        timeout=timeout,
+        echo=False,
+    )
 
 
 @functools.lru_cache(maxsize=8)
-def reference_fsdp(world_size: int = 2, depth: int = 3, width: int = 16, seed: int = 0,
-                   reshard_after_forward: bool = True) -> list[dict[str, Any]]:
+def reference_fsdp(
+    world_size: int = 2, depth: int = 3, width: int = 16, seed: int = 0, reshard_after_forward: bool = True
+) -> list[dict[str, Any]]:
     """:func:`run_fsdp` of gpulab's :func:`~gpulab.parallel.sharding.fsdp.apply_fsdp`."""
-    return run_fsdp(apply_fsdp, world_size, depth=depth, width=width, seed=seed,
-                    reshard_after_forward=reshard_after_forward)
+    return run_fsdp(
+        apply_fsdp, world_size, depth=depth, width=width, seed=seed, reshard_after_forward=reshard_after_forward
+    )
 
 
 def single_process_params(depth: int = 3, width: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -97,7 +120,10 @@ def expected_local_bytes(world_size: int, depth: int = 3, width: int = 16, seed:
 
 def peaks(record: dict[str, Any]) -> dict[str, int]:
     """The most parameter bytes a rank held whole at one Linear, in forward and in backward."""
-    return {phase: max((b for ph, _, b in record["timeline"] if ph == phase), default=0) for phase in ("forward", "backward")}
+    return {
+        phase: max((b for ph, _, b in record["timeline"] if ph == phase), default=0)
+        for phase in ("forward", "backward")
+    }
 
 
 def structure(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

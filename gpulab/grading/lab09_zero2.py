@@ -1,9 +1,10 @@
 """Lab 09's graders for the ZeRO-2 exercise: the student's ``MyZeRO2(params, optimizer_cls, **kwargs)``
 (``zero_grad()``, ``step()``, its torch optimizer kept as ``local_optimizer``), run inside real ranks.
 
-Code inside ranks cannot send evidence: :func:`run_zero2` returns what each rank holds, and the test
-cell checks it against the value the function next to it computes, called only inside
-``grading.by_reference`` (gpulab's :class:`ZeRO2Optimizer` is masked in the student's kernel):
+Code inside ranks cannot send evidence: :func:`run_zero2` returns what each rank holds, for the test
+cell's checks to send; the source's ``MyZeRO2``, run the same way in the reference run, gives the
+expected side, and the function next to each value gives a visible test's interactive expected
+value (gpulab's :class:`ZeRO2Optimizer` is masked in the student's kernel):
 
 - every rank's parameters after training, against :func:`single_process_params` (torch's
   optimizer in one process, on the whole batch), and its shard against :func:`expected_shards`;
@@ -12,7 +13,7 @@ cell checks it against the value the function next to it computes, called only i
   any import path shows, against :func:`reference_zero2` (gpulab's ZeRO-2 in the same ranks);
 - the optimizer state bytes, and the bytes the object keeps after ``step()`` beyond the model's
   parameters and gradients (each storage once: a shard that is a view of a full-size buffer
-  counts as the full buffer), against the reference's;
+  counts as the full buffer), at most the shard's state and two shard-sized tensors;
 - torch's ``ZeroRedundancyOptimizer``, DDP and FSDP (1 and 2) objects built: refused.
 """
 
@@ -97,14 +98,28 @@ def _zero2_rank(rank, world_size, zero_cls, model_name, optimizer, num_steps, se
     if not isinstance(holder, torch.optim.Optimizer):
         raise TypeError("your ZeRO-2 class must keep its torch optimizer in self.local_optimizer")
     shard = [p.detach().cpu().clone() for g in holder.param_groups for p in g["params"]]
-    return {"params": {n: p.detach().cpu() for n, p in model.named_parameters()}, "shard": shard,
-            "state_bytes": optimizer_state_bytes(holder), "held_bytes": _held_bytes(opt, model),
-            "calls": calls, "c10d_ops": c10d, "refused_built": {k: built[k] for k in REFUSED}}
+    return {
+        "params": {n: p.detach().cpu() for n, p in model.named_parameters()},
+        "shard": shard,
+        "state_bytes": optimizer_state_bytes(holder),
+        "held_bytes": _held_bytes(opt, model),
+        "calls": calls,
+        "c10d_ops": c10d,
+        "refused_built": {k: built[k] for k in REFUSED},
+    }
 
 
 @functools.lru_cache(maxsize=8)
-def run_zero2(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str = "mlp", optimizer: str = "adamw",
-              num_steps: int = 3, seed: int = 1, timeout: float = 90) -> list[dict[str, Any]]:
+def run_zero2(
+    zero_cls: Callable[..., Any],
+    world_size: int = 2,
+    *,
+    model: str = "mlp",
+    optimizer: str = "adamw",
+    num_steps: int = 3,
+    seed: int = 1,
+    timeout: float = 90,
+) -> list[dict[str, Any]]:
     """Train ``model`` ("mlp": 1280 parameters, "tied": 824, "tiny": 72) ``num_steps`` with
     ``zero_cls`` over ``optimizer`` ("adamw", or "sgd" with momentum) on ``world_size`` ranks, each
     with its shard of a 24-sample batch drawn from ``seed``, without DDP. One launch per arguments
@@ -117,18 +132,22 @@ def run_zero2(zero_cls: Callable[..., Any], world_size: int = 2, *, model: str =
         (``{collective: count}``, through ``torch.distributed``) and ``c10d_ops`` (collectives
         at the dispatcher); ``refused_built`` (torch ZeRO / DDP / FSDP objects built: all 0).
     """
-    return launch(_zero2_rank, world_size, args=(zero_cls, model, optimizer, num_steps, seed), timeout=timeout, echo=False)
+    return launch(
+        _zero2_rank, world_size, args=(zero_cls, model, optimizer, num_steps, seed), timeout=timeout, echo=False
+    )
 
 
 @functools.lru_cache(maxsize=8)
-def reference_zero2(world_size: int = 2, model: str = "mlp", optimizer: str = "adamw", num_steps: int = 3,
-                    seed: int = 1) -> list[dict[str, Any]]:
+def reference_zero2(
+    world_size: int = 2, model: str = "mlp", optimizer: str = "adamw", num_steps: int = 3, seed: int = 1
+) -> list[dict[str, Any]]:
     """:func:`run_zero2` of gpulab's :class:`ZeRO2Optimizer`."""
     return run_zero2(ZeRO2Optimizer, world_size, model=model, optimizer=optimizer, num_steps=num_steps, seed=seed)
 
 
-def expected_shards(world_size: int, model: str = "mlp", optimizer: str = "adamw", num_steps: int = 3,
-                    seed: int = 1) -> list[list[torch.Tensor]]:
+def expected_shards(
+    world_size: int, model: str = "mlp", optimizer: str = "adamw", num_steps: int = 3, seed: int = 1
+) -> list[list[torch.Tensor]]:
     """Per rank, ``[shard]``: its contiguous piece of the single-process parameters, flattened in
     ``model.parameters()`` order and padded with zeros to a multiple of ``world_size``."""
     flat = torch.cat([p.reshape(-1) for p in single_process_params(model, optimizer, num_steps, seed).values()])

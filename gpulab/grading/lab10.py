@@ -1,8 +1,9 @@
 """Lab 10's graders (hyperparameter search): the random inputs the hidden tests draw from the grading
 run's seed, and the code that runs the student's three answers on them.
 
-Nothing here decides: each function runs the student's code (or gpulab's reference, inside
-``grading.by_reference`` only) and returns plain values for the test cell's ``grading.check_*``.
+Nothing here decides: each function runs the student's code and returns plain values for the test
+cell's ``grading.check_*`` to send; the same call on the solution, in the reference run, gives the
+expected side.
 An exception of the student's code on one case is returned as that case's value, so the message
 names the case. The Ray searches of the notebook cannot be re-run cheaply, so the hidden tests
 replay the student's answers without Ray where they can:
@@ -14,8 +15,10 @@ replay the student's answers without Ray where they can:
   ``PromotionASHA``), and :func:`tune_comparison` (a real Tune search), from
   :mod:`gpulab.grading.lab10_asha`;
 - ``packed_resources(trials_per_device, num_cpus, num_gpus)``: :func:`packed_requests` on
-  :func:`random_machines`, and :func:`packed_probe`, one unit of timed work for the grader's
-  ``check_speedup``: Ray tasks that wait for their data, each asking for the student's resources.
+  :func:`random_machines`, and :func:`packed_probe`, one unit of work the grader times
+  (``grading.check_measured``, ``measure.wall``): Ray tasks that sleep for their data, each asking
+  for the student's resources, so that its time is waiting (modelled device time), which a busy CPU
+  does not stretch.
 """
 
 from __future__ import annotations
@@ -30,11 +33,27 @@ from gpulab.grading.lab10_asha import comparison_case, random_streams, scheduler
 from gpulab.hpo.asha import PromotionASHA, promoted
 from gpulab.hpo.halving import replay_halving, rung_milestones, successive_halving
 from gpulab.hpo.packing import packed_resources
-from gpulab.hpo.resources import one_per_device, packing_factor
+from gpulab.hpo.resources import packing_factor
 
-__all__ = ["REFERENCES", "HAND_WORKED", "random_rungs", "promotions", "random_searches", "replays",
-           "lab_curves", "random_streams", "scheduler_runs", "comparison_case", "tune_comparison", "random_machines", "packed_requests",
-           "probe_machine", "one_per_device", "packed_probe", "warm_probe", "PROBE_WAIT_S"]
+__all__ = [
+    "REFERENCES",
+    "HAND_WORKED",
+    "random_rungs",
+    "promotions",
+    "random_searches",
+    "replays",
+    "lab_curves",
+    "random_streams",
+    "scheduler_runs",
+    "comparison_case",
+    "tune_comparison",
+    "random_machines",
+    "packed_requests",
+    "probe_machine",
+    "packed_probe",
+    "warm_probe",
+    "PROBE_WAIT_S",
+]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
 # (gpulab.autograde.box.mask): the synchronous rule, the asynchronous scheduler and its test, and the packed
@@ -43,20 +62,23 @@ __all__ = ["REFERENCES", "HAND_WORKED", "random_rungs", "promotions", "random_se
 REFERENCES: tuple = (successive_halving, PromotionASHA, promoted, packed_resources)
 
 # (rungs, reduction_factor, promotions), worked by hand in the lab's text (tests/hpo checks gpulab's
-# reference on them; the hidden tests use only their rungs, and take the expected values by_reference)
+# reference on them; the hidden tests use only their rungs: the reference run gives the expected side)
 HAND_WORKED: tuple[tuple[list[dict[str, float]], float, list[list[str]]], ...] = (
     # 6 trials after 1 epoch; f is already in rung 1, so only b (second best) is promoted
-    ([{"a": .3, "b": .5, "c": .1, "d": .4, "e": .2, "f": .6}, {"f": .7}, {}], 3, [["b"], [], []]),
+    ([{"a": 0.3, "b": 0.5, "c": 0.1, "d": 0.4, "e": 0.2, "f": 0.6}, {"f": 0.7}, {}], 3, [["b"], [], []]),
     # 10 trials: the best 3 are t9, t8, t7, and t8, t7 are already up (t6 went up earlier, when the
     # rung was smaller); rung 1 holds 3, so its best (t7) goes up; the top rung promotes nobody
-    ([{**{f"t{i}": i / 10 for i in range(9)}, "t9": .85}, {"t8": .9, "t7": .95, "t6": .5}, {}], 3,
-     [["t9"], ["t7"], []]),
+    (
+        [{**{f"t{i}": i / 10 for i in range(9)}, "t9": 0.85}, {"t8": 0.9, "t7": 0.95, "t6": 0.5}, {}],
+        3,
+        [["t9"], ["t7"], []],
+    ),
     # fewer trials than the reduction factor: nobody is promoted yet (ASHA starts a new trial)
-    ([{"a": .9, "b": .8}, {}], 3, [[], []]),
+    ([{"a": 0.9, "b": 0.8}, {}], 3, [[], []]),
     # a tie keeps the order the rung recorded: x before y; a diverged trial (NaN) ranks last
-    ([{"x": .5, "y": .5, "z": float("nan"), "w": .1}, {}], 2, [["x", "y"], []]),
+    ([{"x": 0.5, "y": 0.5, "z": float("nan"), "w": 0.1}, {}], 2, [["x", "y"], []]),
     # reduction factor 2 on a 2-rung ladder with one rung to promote into
-    ([{"a": .1, "b": .2, "c": .3, "d": .4}, {"d": .45}], 2, [["c"], []]),
+    ([{"a": 0.1, "b": 0.2, "c": 0.3, "d": 0.4}, {"d": 0.45}], 2, [["c"], []]),
 )
 
 
@@ -69,6 +91,7 @@ def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 # ---- exercise 1: the promotion rule ------------------------------------------------------------
+
 
 def _one_rungs(rng: random.Random) -> tuple[list[dict[str, float]], float]:
     rf = rng.choice([2, 3, 4, 2.5])
@@ -106,8 +129,10 @@ def _curves(rng: random.Random, n: int, epochs: int) -> dict[str, list[float]]:
     curves = {}
     for i in range(n):
         final, start, tau = rng.uniform(0.1, 0.9), rng.uniform(0.05, 0.3), rng.uniform(0.3, 4.0)
-        curves[f"trial_{i:05d}"] = [round(min(1.0, max(0.0, final - (final - start) * math.exp(-e / tau)
-                                                       + rng.gauss(0, 0.01))), 3) for e in range(1, epochs + 1)]
+        curves[f"trial_{i:05d}"] = [
+            round(min(1.0, max(0.0, final - (final - start) * math.exp(-e / tau) + rng.gauss(0, 0.01))), 3)
+            for e in range(1, epochs + 1)
+        ]
     return curves
 
 
@@ -127,13 +152,17 @@ def random_searches(rng: random.Random, n: int) -> dict[str, dict[str, Any]]:
         trials = rng.randint(5, 30)
         milestones = rung_milestones(max_t, grace, rf)
         out[f"search {i + 1}: {trials} trials, milestones {milestones}, reduction_factor={rf}"] = {
-            "curves": _curves(rng, trials, max_t), "milestones": milestones, "reduction_factor": rf}
+            "curves": _curves(rng, trials, max_t),
+            "milestones": milestones,
+            "reduction_factor": rf,
+        }
     return out
 
 
 def replays(rule: Callable[..., Any], searches: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Search name -> what successive halving with ``rule`` runs on it: the epochs each trial
     reaches and the trial-epochs in all (gpulab's ``replay_halving``, which calls ``rule``)."""
+
     def one(s: dict[str, Any]) -> dict[str, Any]:
         r = replay_halving(copy.deepcopy(s["curves"]), s["milestones"], s["reduction_factor"], rule=rule)
         return {"reached": dict(r.reached), "trial_epochs": r.trial_epochs}
@@ -145,16 +174,20 @@ def replays(rule: Callable[..., Any], searches: dict[str, dict[str, Any]]) -> di
 
 # ---- exercise 3: packing -----------------------------------------------------------------------
 
+
 def random_machines(rng: random.Random, n: int) -> list[tuple[int, int, int]]:
     """``n`` (trials_per_device, num_cpus, num_gpus): CPU-only machines and GPU servers, from a
     laptop to a node with more GPUs than CPUs per trial."""
-    return [(rng.randint(1, 8), rng.choice([1, 2, 3, 4, 6, 8, 16, 32, 64]), rng.choice([0, 0, 1, 2, 4, 8]))
-            for _ in range(n)]
+    return [
+        (rng.randint(1, 8), rng.choice([1, 2, 3, 4, 6, 8, 16, 32, 64]), rng.choice([0, 0, 1, 2, 4, 8]))
+        for _ in range(n)
+    ]
 
 
 def packed_requests(fn: Callable[..., Any], machines: list[tuple[int, int, int]]) -> dict[str, Any]:
     """``packed_resources(k, num_cpus=..., num_gpus=...)`` -> ``fn``'s request, with the resources
     it asks none of (a zero share) left out, as Ray reads them."""
+
     def one(k: int, cpus: int, gpus: int) -> Any:
         got = fn(k, cpus, gpus)
         return {key: v for key, v in got.items() if v} if isinstance(got, dict) else got
@@ -163,7 +196,9 @@ def packed_requests(fn: Callable[..., Any], machines: list[tuple[int, int, int]]
 
 
 # A unit of the timed check: 2 rounds of tasks packed, 4 one per device, each waiting this long for
-# its "batch". Long enough that Ray's scheduling (a few ms per round) is small beside it.
+# its "batch". Long enough that Ray's scheduling (about 12 ms a run on the kit's 2-core VM) is small
+# beside it: the check allows 3 x PROBE_WAIT_S, a round more than the packed run's 2 rounds need
+# and a round less than one per device's 4.
 PROBE_WAIT_S = 0.1
 _REMOTE: dict[str, Any] = {}
 
@@ -171,6 +206,7 @@ _REMOTE: dict[str, Any] = {}
 def _probe_task() -> Callable[[int, int, float], int]:
     """The work of one probe task, defined inside a function so that Ray ships it by value: its
     worker imports neither gpulab nor torch."""
+
     def io_task(seed: int, i: int, wait_s: float) -> int:
         import time as _time
 

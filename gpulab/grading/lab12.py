@@ -5,9 +5,9 @@ cases its hidden tests run the student's functions on.
   are what ``FlopCounterMode`` counts on a real block of each shape (:func:`counted_flops`);
 - exercise 2 (``classify_step``): steps and machines drawn from the seed, near every boundary
   between two bounds and on it (:func:`step_cases`);
-- exercise 3 (the block without its graph break): its outputs on seeded inputs
-  (:func:`block_outputs`), and one unit of timed work for ``grading.check_speedup``
-  (:func:`run_many`).
+- exercise 3 (the block without its graph break): its outputs and what ``explain`` finds on
+  seeded inputs of three shapes (:func:`block_outputs`, :func:`block_graphs`). Its speed-up over
+  eager is shown, not graded: it is CPU time, which a busy grading machine stretches.
 
 Everything here returns plain values for the test cells to send; nothing decides a verdict.
 """
@@ -21,10 +21,21 @@ import torch
 
 from gpulab.launchbound.bound import BOUNDS, Machine, StepCounts, classify_step
 from gpulab.launchbound.flops import TransformerBlock, count_flops, transformer_block_flops
-from gpulab.launchbound.fusion import clipped_block_fused
+from gpulab.launchbound.fusion import clipped_block_fused, explain_block
 
-__all__ = ["REFERENCES", "flops_cases", "counted_flops", "analytic_flops", "step_cases", "classify_cases",
-           "block_input", "block_outputs", "run_many", "SMALL", "CALLS"]
+__all__ = [
+    "REFERENCES",
+    "flops_cases",
+    "counted_flops",
+    "analytic_flops",
+    "step_cases",
+    "classify_cases",
+    "block_input",
+    "block_outputs",
+    "block_graphs",
+    "SHAPES",
+    "SMALL",
+]
 
 # gpulab's reference implementations of this lab's exercises, masked in a graded kernel
 # (gpulab.autograde.box.mask). count_flops and TransformerBlock stay: FlopCounterMode is the instrument the
@@ -32,7 +43,7 @@ __all__ = ["REFERENCES", "flops_cases", "counted_flops", "analytic_flops", "step
 REFERENCES: tuple = (transformer_block_flops, classify_step, clipped_block_fused)
 
 SMALL = (16, 64)  # the overhead-bound size of exercise 3: about 40 ops of 1024 elements
-CALLS = 400  # calls of the block per timed unit of work: tens of milliseconds eager
+SHAPES = (SMALL, (1, 33), (5, 300))  # the held-out inputs' shapes: the small size, one row, a wide one
 
 
 def flops_cases(rng: random.Random, n: int = 6) -> dict[str, tuple[int, int, int, int, int]]:
@@ -43,8 +54,13 @@ def flops_cases(rng: random.Random, n: int = 6) -> dict[str, tuple[int, int, int
     for i in range(n):
         n_heads = rng.choice([1, 2, 3, 4, 8])
         d_model = n_heads * rng.randint(2, 24)
-        shape = (rng.randint(1, 4), rng.choice([1, rng.randint(8, 64), rng.randint(32, 96)]), d_model, n_heads,
-                 rng.choice([d_model // 2 or 1, 4 * d_model, rng.randint(8, 200)]))
+        shape = (
+            rng.randint(1, 4),
+            rng.choice([1, rng.randint(8, 64), rng.randint(32, 96)]),
+            d_model,
+            n_heads,
+            rng.choice([d_model // 2 or 1, 4 * d_model, rng.randint(8, 200)]),
+        )
         cases[f"block_flops{shape}"] = shape
     return cases
 
@@ -79,20 +95,29 @@ def step_cases(rng: random.Random, n: int = 36) -> dict[str, tuple[StepCounts, M
         gpu = rng.random() < 0.5
         ops = rng.randint(1, 400)
         if rng.random() < 0.15:  # a tie, exact in floating point: the order of BOUNDS decides
-            m = Machine(overhead_s=2.0**-18, flops_per_s=2.0 ** (47 if gpu else 37), bytes_per_s=2.0 ** (41 if gpu else 34))
+            m = Machine(
+                overhead_s=2.0**-18, flops_per_s=2.0 ** (47 if gpu else 37), bytes_per_s=2.0 ** (41 if gpu else 34)
+            )
             tied = rng.choice([("memory", "compute"), ("overhead", "memory"), ("overhead", "compute"), BOUNDS])
             t = {b: ops * m.overhead_s * (1.0 if b in tied else 0.5) for b in BOUNDS}
         else:
-            m = Machine(overhead_s=rng.uniform(2e-6, 1e-5),
-                        flops_per_s=rng.uniform(5e13, 5e14) if gpu else rng.uniform(5e10, 4e11),
-                        bytes_per_s=rng.uniform(1e12, 3e12) if gpu else rng.uniform(1e10, 6e10))
+            m = Machine(
+                overhead_s=rng.uniform(2e-6, 1e-5),
+                flops_per_s=rng.uniform(5e13, 5e14) if gpu else rng.uniform(5e10, 4e11),
+                bytes_per_s=rng.uniform(1e12, 3e12) if gpu else rng.uniform(1e10, 6e10),
+            )
             while True:
-                t = {"overhead": ops * m.overhead_s, **{b: ops * m.overhead_s * 3 ** rng.uniform(-1, 1) for b in BOUNDS[1:]}}
+                t = {
+                    "overhead": ops * m.overhead_s,
+                    **{b: ops * m.overhead_s * 3 ** rng.uniform(-1, 1) for b in BOUNDS[1:]},
+                }
                 if all(abs(t[a] / t[b] - 1) > 0.02 for a in BOUNDS for b in BOUNDS if a < b):
                     break
         step = StepCounts(ops=ops, flops=t["compute"] * m.flops_per_s, bytes=t["memory"] * m.bytes_per_s)
-        cases[f"case {i}: ops={ops}, flops={step.flops:.4g}, bytes={step.bytes:.4g} on "
-              f"({m.overhead_s:.3g} s/op, {m.flops_per_s:.3g} FLOP/s, {m.bytes_per_s:.3g} B/s)"] = (step, m)
+        cases[
+            f"case {i}: ops={ops}, flops={step.flops:.4g}, bytes={step.bytes:.4g} on "
+            f"({m.overhead_s:.3g} s/op, {m.flops_per_s:.3g} FLOP/s, {m.bytes_per_s:.3g} B/s)"
+        ] = (step, m)
     cases["an empty step"] = (StepCounts(0, 0.0, 0.0), Machine(1e-6, 1e9, 1e9))
     return cases
 
@@ -114,15 +139,15 @@ def block_input(seed: int, shape: tuple[int, int] = SMALL) -> torch.Tensor:
 
 
 def block_outputs(fn: Callable[[torch.Tensor], torch.Tensor], seed: int) -> list[torch.Tensor]:
-    """``fn`` on three inputs drawn from ``seed``: the small size, one row, and a wide one."""
-    return [fn(block_input(seed + i, shape)).detach() for i, shape in enumerate((SMALL, (1, 33), (5, 300)))]
+    """``fn`` on three inputs drawn from ``seed``, one of each of :data:`SHAPES`."""
+    return [fn(block_input(seed + i, shape)).detach() for i, shape in enumerate(SHAPES)]
 
 
-def run_many(fn: Callable[[torch.Tensor], torch.Tensor], seed: int, calls: int = CALLS) -> float:
-    """One unit of timed work: ``fn`` called ``calls`` times on a small input drawn from ``seed``;
-    the sum of the last output (every call's work is the same, so the last one stands for all)."""
-    x = block_input(seed)
-    out = x
-    for _ in range(calls):
-        out = fn(x)
-    return float(out.sum())
+def block_graphs(fn: Callable[[torch.Tensor], torch.Tensor], seed: int) -> dict[str, list[int]]:
+    """``{"R x C": [graphs, graph breaks]}``: what ``torch._dynamo.explain`` finds in ``fn`` on the
+    inputs of :func:`block_outputs` (the same counts for every right answer: one graph, no break)."""
+    out = {}
+    for i, shape in enumerate(SHAPES):
+        seen = explain_block(fn, block_input(seed + i, shape))
+        out[f"{shape[0]} x {shape[1]}"] = [seen.graphs, seen.breaks]
+    return out

@@ -17,7 +17,6 @@ from torch.utils.data import Dataset
 from gpulab.accel import SimAccelerator
 from gpulab.autograde.box.mask import masked_names
 from gpulab.data.caching import InMemoryCache
-from gpulab.data.crossing import TransferLog
 from gpulab.data.echo import BatchEcho
 from gpulab.data.pipelines import PipelineSetup, model_step, tuned_pipeline
 from gpulab.data.synthetic import SyntheticImages
@@ -39,12 +38,15 @@ def close(actual, expected, **tol) -> bool:
 
 
 def test_the_references_are_the_exercises_answers() -> None:
-    assert masked_names(lab02.REFERENCES) == ["gpulab.data.transfer.to_device_normalize",
-                                              "gpulab.data.transfer.normalize_on_host",
-                                              "gpulab.data.caching.InMemoryCache", "gpulab.data.echo.BatchEcho",
-                                              "gpulab.data.pipelines.tuned_pipeline",
-                                              "gpulab.data.worker_sweep.sweep_workers",
-                                              "gpulab.data.worker_sweep.pick_workers"]
+    assert masked_names(lab02.REFERENCES) == [
+        "gpulab.data.transfer.to_device_normalize",
+        "gpulab.data.transfer.normalize_on_host",
+        "gpulab.data.caching.InMemoryCache",
+        "gpulab.data.echo.BatchEcho",
+        "gpulab.data.pipelines.tuned_pipeline",
+        "gpulab.data.worker_sweep.sweep_workers",
+        "gpulab.data.worker_sweep.pick_workers",
+    ]
 
 
 def test_outcome_sends_the_answer_or_the_error() -> None:
@@ -56,6 +58,7 @@ def test_outcome_sends_the_answer_or_the_error() -> None:
 
 
 # --- BatchEcho ------------------------------------------------------------------------------------
+
 
 class Echo:
     """A student's BatchEcho."""
@@ -108,10 +111,20 @@ class Unchecked(Echo):
 
 def expected_echo(cases, epochs):
     """What the exercise asks for: one pass per epoch, one load before the first yield, each batch factor times."""
-    return {f"{n} batches, factor {f}": {"len": n * f, **{
-        f"epoch {e}": {"passes over the loader so far": e, "loads before the first yield": min(n, 1),
-                       "which loaded batch each yield is": [i for i in range(n) for _ in range(f)]}
-        for e in range(1, epochs + 1)}} for n, f in cases}
+    return {
+        f"{n} batches, factor {f}": {
+            "len": n * f,
+            **{
+                f"epoch {e}": {
+                    "passes over the loader so far": e,
+                    "loads before the first yield": min(n, 1),
+                    "which loaded batch each yield is": [i for i in range(n) for _ in range(f)],
+                }
+                for e in range(1, epochs + 1)
+            },
+        }
+        for n, f in cases
+    }
 
 
 def test_echo_cases_are_random_with_an_empty_loader_and_a_factor_of_one() -> None:
@@ -130,12 +143,15 @@ def test_observe_echo_sees_the_counts_the_exercise_asks_for(seed) -> None:
     assert same(lab02.observe_echo(Echo, cases, epochs=3), want)
 
 
-@pytest.mark.parametrize("cls,where,wrong", [
-    (ReadsAhead, "loads before the first yield", 3),
-    (LoadsAgain, "passes over the loader so far", 2),
-    (LoadsAgain, "which loaded batch each yield is", [0, 1, 2, 3, 4, 5]),
-    (Copies, "which loaded batch each yield is", [-1] * 6),
-])
+@pytest.mark.parametrize(
+    "cls,where,wrong",
+    [
+        (ReadsAhead, "loads before the first yield", 3),
+        (LoadsAgain, "passes over the loader so far", 2),
+        (LoadsAgain, "which loaded batch each yield is", [0, 1, 2, 3, 4, 5]),
+        (Copies, "which loaded batch each yield is", [-1] * 6),
+    ],
+)
 def test_observe_echo_sees_echoes_that_do_not_echo(cls, where, wrong) -> None:
     cases = [(3, 2), (0, 3)]
     got, want = lab02.observe_echo(cls, cases), lab02.observe_echo(BatchEcho, cases)
@@ -157,10 +173,13 @@ def test_observe_echo_loader_sees_each_real_batch_factor_times_in_a_row() -> Non
     n, batch, factor, seed = 30, 8, 3, 11
     want = lab02.observe_echo_loader(BatchEcho, n, batch, factor, seed)
     labels = [int(y) for y in SyntheticImages(n, seed=seed).labels]
-    runs = [labels[i:i + batch] for i in range(0, n, batch)]
+    runs = [labels[i : i + batch] for i in range(0, n, batch)]
     for epoch in ("epoch 1", "epoch 2"):
-        assert want[epoch] == {"yields": 4 * factor, "each batch factor times in a row": True,
-                               "labels": [y for run in runs for _ in range(factor) for y in run]}
+        assert want[epoch] == {
+            "yields": 4 * factor,
+            "each batch factor times in a row": True,
+            "labels": [y for run in runs for _ in range(factor) for y in run],
+        }
     assert same(lab02.observe_echo_loader(Echo, n, batch, factor, seed), want)
     again = lab02.observe_echo_loader(LoadsAgain, n, batch, factor, seed)
     assert not again["epoch 1"]["each batch factor times in a row"] and not same(again, want)
@@ -172,11 +191,17 @@ def test_bad_factors_tell_a_full_check_from_a_partial_one() -> None:
     want = lab02.bad_factors(BatchEcho, bad)
     assert want == {repr(f): "raises ValueError" for f in bad}
     assert same(lab02.bad_factors(Echo, bad), want)
-    assert lab02.bad_factors(Unchecked, bad) == {"0": "raises ValueError", "-1": "raises ValueError", "1.5": "accepted",
-                                                 "True": "accepted", "'2'": "raises TypeError"}
+    assert lab02.bad_factors(Unchecked, bad) == {
+        "0": "raises ValueError",
+        "-1": "raises ValueError",
+        "1.5": "accepted",
+        "True": "accepted",
+        "'2'": "raises TypeError",
+    }
 
 
 # --- DecodedCache ---------------------------------------------------------------------------------
+
 
 class Cache(Dataset):
     """A student's DecodedCache."""
@@ -225,8 +250,12 @@ def test_observe_cache_sees_one_decode_per_sample_and_an_augmentation_per_read()
         images.append(ds[i][0])
     plain = SyntheticImages(n, augment=False, seed=seed + 1)
     assert {k: v for k, v in want.items() if not isinstance(v, (torch.Tensor, dict))} == {
-        "indices decoded while built": list(range(n)), "len": n, "labels read": [int(y) for y in ds.labels],
-        "decodes while reading every sample": 0, "augmentations while reading every sample": n}
+        "indices decoded while built": list(range(n)),
+        "len": n,
+        "labels read": [int(y) for y in ds.labels],
+        "decodes while reading every sample": 0,
+        "augmentations while reading every sample": n,
+    }
     assert torch.equal(want["images read (fixed random states)"], torch.stack(images))
     assert torch.equal(want["read by 2 forked workers"]["images"], torch.stack([plain[i][0] for i in range(n)]))
     assert want["read by 2 forked workers"]["labels"] == [int(y) for y in plain.labels]
@@ -248,6 +277,7 @@ def test_observe_cache_sees_a_lazy_and_a_frozen_cache() -> None:
 
 
 # --- to_device_normalize --------------------------------------------------------------------------
+
 
 def normalize(x, mean, std, device, dtype=torch.float32):
     """A student's to_device_normalize."""
@@ -292,17 +322,23 @@ def test_observe_normalize_sees_the_values_and_the_dtype_that_crossed(seed) -> N
 def test_observe_normalize_sees_the_dtype_asked_for() -> None:
     cases = lab02.normalize_cases(random.Random(0))
     want = lab02.observe_normalize(to_device_normalize, cases, torch.float16)
-    assert all(v["values"].dtype == torch.float16 and v["crossed as"] == "uint8" for v in want.values() if not isinstance(v, str))
+    assert all(
+        v["values"].dtype == torch.float16 and v["crossed as"] == "uint8"
+        for v in want.values()
+        if not isinstance(v, str)
+    )
     assert close(lab02.observe_normalize(normalize, cases, torch.float16), want, rtol=1e-2, atol=1e-2)
     assert not close(lab02.observe_normalize(float32_only, cases, torch.float16), want, rtol=1e-2, atol=1e-2)
     host = lab02.observe_normalize(on_host, cases, torch.float16)
     assert {v["crossed as"] for v in host.values() if not isinstance(v, str)} == {"float16"}
     x = torch.zeros((1, 3, 2, 2), dtype=torch.uint8)
     assert lab02.observe_normalize(lambda *a, **k: None, {"c": (x, [0.5] * 3, [0.2] * 3)}) == {
-        "c": {"values": None, "crossed as": "nothing crossed"}}
+        "c": {"values": None, "crossed as": "nothing crossed"}
+    }
 
 
 # --- make_pipeline --------------------------------------------------------------------------------
+
 
 def test_canonical_digests_ignore_crops_and_flips_but_not_the_image() -> None:
     ds = SyntheticImages(8, seed=4)
@@ -357,23 +393,33 @@ def test_probe_pipeline_reads_what_crosses_and_what_the_model_gets(reference_pro
     labels = np.bincount(SyntheticImages(64, seed=SETUP.seed).labels, minlength=11).tolist()
     for epoch in ("epoch 1", "epoch 2"):
         assert {k: v for k, v in want[epoch].items() if k != "digest of those images"} == {
-            "images the model received": 64, "labels that crossed (count per class)": labels,
-            "dtype of the images that crossed": ["uint8"], "dtype the model received": ["float32"],
-            "most images the same bytes as in the run before": False}
+            "images the model received": 64,
+            "labels that crossed (count per class)": labels,
+            "dtype of the images that crossed": ["uint8"],
+            "dtype the model received": ["float32"],
+            "most images the same bytes as in the run before": False,
+        }
     assert want["len(loader)"] == 4 and want["shape of the first image batch that crossed"] == (16, 3, 32, 32)
     assert want["epoch 1"]["digest of those images"] != want["epoch 2"]["digest of those images"]  # keyed by the run
     assert same(lab02.probe_pipeline(_pipeline(), SETUP, SimAccelerator()), want)
-    assert same(lab02.probe_pipeline(_pipeline(cache=lambda ds: InMemoryCache(ds, fill=True, disable=True)), SETUP,
-                                     SimAccelerator()), want)
+    assert same(
+        lab02.probe_pipeline(
+            _pipeline(cache=lambda ds: InMemoryCache(ds, fill=True, disable=True)), SETUP, SimAccelerator()
+        ),
+        want,
+    )
 
 
-@pytest.mark.parametrize("kind,field,wrong", [
-    (dict(normalize="host"), "dtype of the images that crossed", ["float32"]),
-    (dict(normalize="never"), "digest of those images", None),
-    (dict(echo=2), "images the model received", 128),
-    (dict(seed=0), "labels that crossed (count per class)", None),
-    (dict(cache=Frozen), "most images the same bytes as in the run before", True),
-])
+@pytest.mark.parametrize(
+    "kind,field,wrong",
+    [
+        (dict(normalize="host"), "dtype of the images that crossed", ["float32"]),
+        (dict(normalize="never"), "digest of those images", None),
+        (dict(echo=2), "images the model received", 128),
+        (dict(seed=0), "labels that crossed (count per class)", None),
+        (dict(cache=Frozen), "most images the same bytes as in the run before", True),
+    ],
+)
 def test_probe_pipeline_sees_pipelines_that_skip_the_work(reference_probe, kind, field, wrong) -> None:
     got = lab02.probe_pipeline(_pipeline(**kind), SETUP, SimAccelerator())
     want = reference_probe
@@ -387,24 +433,20 @@ def test_probe_pipeline_names_a_pipeline_that_is_not_a_pair() -> None:
     assert got == {"make_pipeline returned": "list, not a tuple (loader, step_fn)"}
 
 
-def test_device_only_does_a_uint8_copy_and_a_step_per_batch() -> None:
-    log = TransferLog(SimAccelerator())
-    assert lab02.device_only(log, SETUP, 0) == 4
-    assert log.copies == 4 and dict(log.bytes_by_dtype) == {"uint8": 4 * 16 * 3 * 32 * 32}
-    assert dict(log.compute_dtypes) == {"uint8": 4}
-
-
 def test_timed_setup_draws_a_workload_and_sets_the_simulated_link() -> None:
     accel = SimAccelerator()
     setup = lab02.timed_setup(random.Random(0), accel, compute_s=0.01, batch_size=16)
     again = lab02.timed_setup(random.Random(0), SimAccelerator(), compute_s=0.01, batch_size=16)
     assert (setup.num_samples, setup.seed) == (again.num_samples, again.seed)
-    assert 8 <= setup.steps_per_epoch <= 12 and setup.num_samples == 16 * setup.steps_per_epoch
+    assert 20 <= setup.steps_per_epoch <= 28 and setup.num_samples == 16 * setup.steps_per_epoch
+    short = lab02.timed_setup(random.Random(0), SimAccelerator(), compute_s=0.01, batch_size=16, steps=(6, 6))
+    assert short.steps_per_epoch == 6
     assert setup.compute_s == 0.01 and 1 <= setup.decode_repeats <= 1024 and setup.batch_cpu_s > 0
     assert accel.h2d_bytes_per_s == pytest.approx(16 * 4 * 3 * 32 * 32 / (0.01 / 6))
 
 
 # --- the num_workers sweep ------------------------------------------------------------------------
+
 
 def _sweep_without_persistence(dataset, counts, *, batch_size, num_batches, epochs=2):
     out = {}
@@ -426,8 +468,10 @@ def test_the_reference_sweep_is_observed_reading_through_persistent_workers() ->
     got = lab02.observe_sweep(sweep_workers, [0, 1, 3])
     assert [v["worker processes that read"] for v in got.values()] == [0, 1, 3]
     assert [v["read in the main process"] for v in got.values()] == [True, False, False]
-    assert all(v["returned"] == [k] and v["rate a positive number"] and v["read at least 24 samples"]
-               for k, v in zip([0, 1, 3], got.values()))
+    assert all(
+        v["returned"] == [k] and v["rate a positive number"] and v["read at least 24 samples"]
+        for k, v in zip([0, 1, 3], got.values())
+    )
 
 
 def test_a_sweep_that_restarts_its_workers_or_reads_nothing_is_observed_doing_so() -> None:
@@ -462,13 +506,6 @@ def test_pick_workers_refuses_what_it_cannot_choose_from() -> None:
         assert lab02.outcome(pick_workers, rates, slack=slack) == "raises ValueError"
 
 
-def test_a_timed_loader_epoch_reads_its_batches_whatever_the_workers() -> None:
-    data = lab02.WorkerCensus(40)
-    assert lab02.loader_epoch(data, 0, 4, 3)(1) == 12 == lab02.loader_epoch(data, 2, 4, 3)(1)
-    assert lab02.loader_epoch(data, 0, 8, 10)(1) == 40  # a short dataset ends the epoch first
-
-
-
 def test_on_a_gpu_the_recorder_reads_the_model_inputs_back_without_waiting_for_the_queue() -> None:
     """The graded pipeline's recorder digests every image the model received. On a GPU, reading
     them back with ``.cpu()`` at each step waits for the device's queue, so the host can never run
@@ -490,6 +527,7 @@ def test_on_a_gpu_the_recorder_reads_the_model_inputs_back_without_waiting_for_t
 
     on_cpu = feed(lab02.PipelineRecorder(SimAccelerator(), setup), "cpu").end_run()
     with FakeCuda(num_gpus=1) as fake:
+
         class Queue(Accelerator):  # a GPU whose model step is queued work
             kind = "cuda"
 
@@ -504,3 +542,33 @@ def test_on_a_gpu_the_recorder_reads_the_model_inputs_back_without_waiting_for_t
         rec.synchronize()
         on_gpu = rec.end_run()
     assert on_gpu == on_cpu and on_gpu["images the model received"] == 48
+
+
+NO_CACHE = """def make_pipeline(setup, accel):
+    dataset = SyntheticImages(setup.num_samples, decode_repeats=setup.decode_repeats, seed=setup.seed)  # uint8
+    loader = make_loader(dataset, batch_size=setup.batch_size)
+    compute = model_step(accel, setup.compute_s)
+
+    def step_fn(batch):
+        images, targets = batch
+        return compute((to_device_normalize(images, setup.mean, setup.std, accel.torch_device), targets))
+
+    return loader, step_fn
+"""
+
+
+def test_the_grader_times_epochs_and_fails_a_pipeline_that_decodes_on_every_read() -> None:
+    """tests/cellgrade.py, as make grade judges: the model answer keeps the device 90 % busy over the
+    grader's timed epochs (modelled device time); one without the cache (uint8, normalised on the
+    device, every check but the time passes) takes several times the device's work and fails."""
+    from cellgrade import grade_cells
+
+    got = grade_cells(
+        "02_pipeline",
+        {"source": {}, "no_cache": {"make_pipeline_impl": NO_CACHE}},
+        tests=["fastest_pipeline"],
+        prelude=["c001"],
+    )
+    assert got["source"]["fastest_pipeline"].passed, got["source"]["fastest_pipeline"]
+    slow = got["no_cache"]["fastest_pipeline"]
+    assert not slow.passed and "the device was idle more than a tenth of the epoch" in slow.message, slow

@@ -228,6 +228,33 @@ def test_overlap_case_draws_a_model_whose_first_bucket_starts_early():
     assert _early(trace) >= plan["min_elements"] and trace[0]["calls"] == plan["buckets"] + 1
 
 
+def test_the_calls_rule_plans_the_contracts_buckets_from_plain_sizes():
+    from gpulab.verdict import rules
+    from gpulab.verdict.lab06 import fewest_buckets
+
+    from .lab06_classes import Bucketed, BucketedPerParameterCalls
+
+    for cfg, mb in ((lab06.OVERLAP_CFG, lab06.OVERLAP_BUCKET_MB), (lab06.SPEED_CFG, 1.0), (lab06.SPEED_CFG, 0.25),
+                    (lab06.SPEED_CFG, 2.0), (*lab06.overlap_case(random.Random(5), layers_per_bucket=1.1),)):
+        plan = lab06.overlap_plan(mb, cfg)
+        assert fewest_buckets(lab06.gradient_bytes(cfg), mb) == plan["buckets"], (cfg, mb)
+        assert 10 * cfg.width == plan["min_elements"], "the bound the test cells write: the classifier's weight"
+
+    def judge(calls, mb=1.0):
+        return rules.judge("lab06.calls_per_step", calls, None, sizes=lab06.gradient_bytes(lab06.SPEED_CFG), bucket_mb=mb)
+
+    buckets = lab06.overlap_plan(1.0, lab06.SPEED_CFG)["buckets"]
+    assert judge(buckets) is None and judge(buckets + 1) is None
+    assert "fewer than" in judge(buckets - 1) and "at most one more" in judge(buckets + 2)
+    assert "expected a number" in judge(True) and "could not be judged" in judge(3, mb=0)
+    # the timed model's cell: gpulab-style buckets pass, one call per parameter fails
+    mb = lab06.SPEED_CFG.bucket_size_mb
+    good = lab06.trace_overlap(Bucketed, mb, cfg=lab06.SPEED_CFG)
+    assert judge(max(t["calls"] for t in good)) is None
+    per_parameter = lab06.trace_overlap(BucketedPerParameterCalls, mb, cfg=lab06.SPEED_CFG)
+    assert "at most one more" in judge(max(t["calls"] for t in per_parameter))
+
+
 class NaiveDDPNoHooks(nn.Module):
     """All-reduce after backward, one tensor at a time (gpulab's NaiveDDP, written as a student would)."""
 

@@ -51,5 +51,6 @@ def test_measured_inputs_of_the_timed_check():
     assert n == 2 and len(sizes) == len(seconds) and all(t > 0 for t in seconds)
     params, backward_s = lab06.timed_model()
     assert len(params) == 2 * (lab06.SPEED_CFG.depth + 1) and backward_s > 0
+    assert [p.shape for p in lab06.timed_params()] == [p.shape for p in params]
     chosen = lab06.best_bucket_size(params, backward_s, list(lab06.CANDIDATES_MB), 2, 1e-4, 1e-9, False)
     assert chosen == max(lab06.CANDIDATES_MB)  # without overlap the fewest calls win

@@ -33,7 +33,6 @@ from gpulab.grading.lab07 import (
     stages_overlap,
     train_step_overlap,
     train_step_schedule,
-    train_step_work,
     whole_step,
 )
 from gpulab.parallel import PipelinedModel, SplitModel, StageEvent, batchnorm_to_groupnorm, split_model
@@ -228,36 +227,84 @@ def test_train_step_schedule_runs_the_step_and_clears_its_gradients(devices):
     assert all(p.grad is None for p in split.parameters())
 
 
-# --- the timed work -------------------------------------------------------------------------------
+# --- the measured work: stages that wait (modelled device time) ------------------------------------
 
-def test_the_timed_work_depends_on_its_seed_and_agrees_between_pipeline_and_baseline(devices):
-    split = split_model(batchnorm_to_groupnorm(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),
-                                                             nn.Linear(4 * 6 * 6, 10))), devices, boundaries=[2])
-    pipelined = train_step_work(gpipe_train_step, split, 2, batch_size=6, image_size=8)
-    baseline = train_step_work(sequential_train_step, split, 2, batch_size=6, image_size=8)
+def _fastest(work, seeds=(1, 2, 3)):
+    """The measurements of ``work`` as the grader's rule reads them (this process, after a warm-up)."""
+    from gpulab.grading.measured import measure_here
+
+    work(0)
+    return [measure_here(work, s)[0] for s in seeds]
+
+
+def _wall_verdict(runs):
+    from gpulab.verdict import rules
+
+    return rules.judge("measure.wall", runs, None, floor_s=lab07.sleeping_step_bounds()["gpipe"], at_most_s=0.58)
+
+
+def test_the_sleeping_work_is_seeded_and_agrees_between_pipeline_and_baseline(devices):
+    pipelined = lab07.sleeping_step_work(gpipe_train_step, devices, micro_batches=4, device_s=0.001)
+    baseline = lab07.sleeping_step_work(sequential_train_step, devices, micro_batches=4, device_s=0.001)
     a, b, c = pipelined(7), baseline(7), pipelined(8)
-    assert isinstance(a["loss"], float) and a["gradient norms"].shape == (len(list(split.parameters())),)
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
-    torch.testing.assert_close(a["gradient norms"], b["gradient norms"], rtol=1e-4, atol=1e-5)
-    assert a["loss"] != c["loss"]
-    assert pipelined(7)["loss"] == a["loss"]  # the gradients are cleared first: the same seed, the same result
+    assert isinstance(a["loss"], float) and len(a["gradients"]) == 2 and None not in a["gradients"]
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5) and a["gradients"] == pytest.approx(b["gradients"], rel=1e-5)
+    assert a["loss"] != c["loss"] and pipelined(7) == a  # fresh stages each run: the same seed, the same result
 
 
-def test_the_timed_work_fails_fast_on_a_stub_and_marks_missing_gradients(devices):
-    split = split_model(nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 10)), devices, boundaries=[1])
-
+def test_the_sleeping_work_fails_fast_on_a_stub_and_marks_missing_gradients(devices):
     def stub(*args):
         raise NotImplementedError()
 
     t0 = time.perf_counter()
     with pytest.raises(NotImplementedError):
-        train_step_work(stub, split, 2, batch_size=4, image_size=4)(1)
+        lab07.sleeping_step_work(stub, devices)(1)
     assert time.perf_counter() - t0 < 5
 
     def no_backward(stages, devs, x, y, split_size, loss_fn, timeline=None):
         return 1.0
 
-    assert torch.isnan(train_step_work(no_backward, split, 2, batch_size=4, image_size=4)(1)["gradient norms"]).all()
+    assert lab07.sleeping_step_work(no_backward, devices)(1)["gradients"] == [None, None]
+
+
+def test_gpipe_passes_the_measured_check_and_one_after_the_other_fails_it(devices):
+    bounds = lab07.sleeping_step_bounds()
+    assert bounds == pytest.approx({"gpipe": 0.45, "forward only": 0.625, "one after the other": 0.8})
+    assert _wall_verdict(_fastest(lab07.sleeping_step_work(gpipe_train_step, devices))) is None
+    why = _wall_verdict(_fastest(lab07.sleeping_step_work(sequential_train_step, devices), seeds=(1, 2)))
+    assert why is not None and "more than the 580.0 ms allowed" in why
+
+
+def test_a_forward_only_pipeline_fails_the_measured_check(devices):
+    """A pipelined forward, every backward in the caller's thread (exercise 2 plus loss.backward())."""
+
+    def forward_only(stages, devs, x, y, split_size, loss_fn, timeline=None):
+        micro, handoff = x.split(split_size), queue.Queue()
+        outs = [None] * len(micro)
+
+        def first():
+            with torch.enable_grad():
+                for m in micro:
+                    handoff.put(stages[0](m))
+
+        def second():
+            with torch.enable_grad():
+                for j in range(len(micro)):
+                    outs[j] = stages[1](handoff.get())
+
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        loss = loss_fn(torch.cat(outs), y)
+        loss.backward()  # every stage's backward, in this thread
+        return loss.item()
+
+    work = lab07.sleeping_step_work(forward_only, devices)
+    assert None not in work(1)["gradients"], "a right step, only slow"
+    why = _wall_verdict(_fastest(work, seeds=(1, 2)))
+    assert why is not None and "more than" in why
 
 
 def test_whole_step_leaves_the_model_untouched_and_accumulates_over_steps():

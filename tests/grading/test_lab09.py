@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gpulab.grading import lab09
+from gpulab.grading import lab09, lab09_accumulation
 from gpulab.parallel import ShardedOptimizer
 from gpulab.parallel.sharding.accumulation import accumulation_step
 from gpulab.parallel.sharding.zero1 import balanced_owners
@@ -32,8 +32,9 @@ class Right:
         for i in sorted(range(len(self.params)), key=lambda i: -self.params[i].numel()):
             r = load.index(min(load))
             self.owners[i], load[r] = r, load[r] + self.params[i].numel()
-        self.local_optimizer = optimizer_cls([{"params": [p for p, o in zip(self.params, self.owners) if o == self.rank]}],
-                                             **kwargs)
+        self.local_optimizer = optimizer_cls(
+            [{"params": [p for p, o in zip(self.params, self.owners) if o == self.rank]}], **kwargs
+        )
 
     def zero_grad(self, set_to_none=True):
         for p in self.params:
@@ -72,10 +73,17 @@ def test_run_zero1_of_a_right_class_equals_one_process_and_the_reference():
         runs = lab09.run_zero1(Right, ws, model=model, optimizer=opt, seed=7)
         assert _close([r["params"] for r in runs], [lab09.single_process_params(model, opt, 3, 7)] * ws), (model, ws)
         ref = lab09.reference_zero1(ws, model, opt, 3, 7)
-        assert [(r["local_params"], r["state_bytes"]) for r in runs] == [(r["local_params"], r["state_bytes"]) for r in ref]
-    assert [r["local_params"] for r in lab09.reference_zero1(3, "tiny", "sgd", 3, 7)][2] == [], "more ranks than tensors"
-    assert not _close([r["params"] for r in lab09.run_zero1(Right, 2, seed=8)], [lab09.single_process_params("mlp", "adamw", 3, 7)] * 2,
-                      atol=1e-4), "the seed changes the data"
+        assert [(r["local_params"], r["state_bytes"]) for r in runs] == [
+            (r["local_params"], r["state_bytes"]) for r in ref
+        ]
+    assert [r["local_params"] for r in lab09.reference_zero1(3, "tiny", "sgd", 3, 7)][2] == [], (
+        "more ranks than tensors"
+    )
+    assert not _close(
+        [r["params"] for r in lab09.run_zero1(Right, 2, seed=8)],
+        [lab09.single_process_params("mlp", "adamw", 3, 7)] * 2,
+        atol=1e-4,
+    ), "the seed changes the data"
 
 
 def test_run_zero1_of_wrong_classes_differs():
@@ -107,7 +115,11 @@ def test_measured_bytes_of_a_right_class_are_gpulabs():
     assert lab09.measure_zero1_bytes(Right, 2, 4, 3) == lab09.reference_zero1_bytes(2, 4, 3)
     full = lab09.measure_zero1_bytes(Replicated, 2, 4, 3)
     assert full != lab09.reference_zero1_bytes(2, 4, 3)
-    assert full[0]["optimizer_state"] == full[1]["optimizer_state"] > lab09.reference_zero1_bytes(2, 4, 3)[0]["optimizer_state"]
+    assert (
+        full[0]["optimizer_state"]
+        == full[1]["optimizer_state"]
+        > lab09.reference_zero1_bytes(2, 4, 3)[0]["optimizer_state"]
+    )
 
 
 def wrong_accumulation(model, optimizer, micro_batches, loss_fn):
@@ -120,21 +132,33 @@ def wrong_accumulation(model, optimizer, micro_batches, loss_fn):
 
 
 def test_run_accumulation_counts_and_returns_every_ranks_parameters():
-    res = lab09.run_accumulation([("right", accumulation_step), ("wrong", wrong_accumulation),
-                                  ("every", lab09.every_micro_batch)], 2, wrapper="bucketed", micro_batches=3, seed=5)
-    expected = lab09.single_process_accumulation(2, seed=5)
-    assert res["right"]["all_reduce_per_step"] == res["right"]["per_sync"] == lab09.calls_per_sync("bucketed") == 3
-    assert res["every"]["all_reduce_per_step"] == 3 * lab09.calls_per_sync("bucketed")
+    res = lab09_accumulation.run_accumulation(
+        [("right", accumulation_step), ("wrong", wrong_accumulation), ("every", lab09_accumulation.every_micro_batch)],
+        2,
+        wrapper="bucketed",
+        micro_batches=3,
+        seed=5,
+    )
+    expected = lab09_accumulation.single_process_accumulation(2, seed=5)
+    assert (
+        res["right"]["all_reduce_per_step"]
+        == res["right"]["per_sync"]
+        == lab09_accumulation.calls_per_sync("bucketed")
+        == 3
+    )
+    assert res["every"]["all_reduce_per_step"] == 3 * lab09_accumulation.calls_per_sync("bucketed")
     assert _close(res["right"]["params"], expected) and _close(res["every"]["params"], expected)
     assert res["wrong"]["all_reduce_per_step"] == 0 and not _close(res["wrong"]["params"], expected, atol=1e-3)
     assert res["right"]["rank_spread"] == 0 and res["wrong"]["rank_spread"] > 1e-3
-    naive = lab09.run_accumulation([("right", accumulation_step)], 2, wrapper="naive", micro_batches=2)["right"]
-    assert naive["all_reduce_per_step"] == lab09.calls_per_sync("naive") == 6
-    assert _close(naive["params"], lab09.single_process_accumulation(2))
+    naive = lab09_accumulation.run_accumulation([("right", accumulation_step)], 2, wrapper="naive", micro_batches=2)[
+        "right"
+    ]
+    assert naive["all_reduce_per_step"] == lab09_accumulation.calls_per_sync("naive") == 6
+    assert _close(naive["params"], lab09_accumulation.single_process_accumulation(2))
     with pytest.raises(ValueError, match="wrapper"):
-        lab09.run_accumulation([], wrapper="fsdp")
+        lab09_accumulation.run_accumulation([], wrapper="fsdp")
     with pytest.raises(ValueError, match="divisible by world_size x micro_batches"):
-        lab09.run_accumulation([], 4, micro_batches=4)  # 24 samples: 6 per rank do not split in 4
+        lab09_accumulation.run_accumulation([], 4, micro_batches=4)  # 24 samples: 6 per rank do not split in 4
 
 
 def test_references_are_the_exercises_answers():
@@ -142,7 +166,14 @@ def test_references_are_the_exercises_answers():
     from gpulab.parallel.sharding.zero1 import _assign
     from gpulab.parallel.sharding.zero2 import ZeRO2Optimizer
 
-    assert set(lab09.REFERENCES) == {ShardedOptimizer, balanced_owners, _assign, ZeRO2Optimizer, accumulation_step, apply_fsdp}
+    assert set(lab09.REFERENCES) == {
+        ShardedOptimizer,
+        balanced_owners,
+        _assign,
+        ZeRO2Optimizer,
+        accumulation_step,
+        apply_fsdp,
+    }
 
 
 @pytest.mark.multigpu
@@ -154,9 +185,13 @@ def test_on_two_gpus_the_zero1_grader_runs_nccl_and_trains_like_one_process():
     assert resolve_backend("auto", 2) == "nccl"
     runs = lab09.run_zero1(Right, 2, seed=7)
     assert _close([r["params"] for r in runs], [lab09.single_process_params("mlp", "adamw", 3, 7)] * 2, atol=1e-4)
-    res = lab09.run_accumulation([("right", accumulation_step)], 2, wrapper="naive", micro_batches=2)["right"]
-    assert res["all_reduce_per_step"] == lab09.calls_per_sync("naive"), "one synchronisation per step, on nccl too"
-    assert _close(res["params"], lab09.single_process_accumulation(2), atol=1e-4)
+    res = lab09_accumulation.run_accumulation([("right", accumulation_step)], 2, wrapper="naive", micro_batches=2)[
+        "right"
+    ]
+    assert res["all_reduce_per_step"] == lab09_accumulation.calls_per_sync("naive"), (
+        "one synchronisation per step, on nccl too"
+    )
+    assert _close(res["params"], lab09_accumulation.single_process_accumulation(2), atol=1e-4)
 
 
 def test_accumulation_steps_are_timed_after_their_queued_gpu_work(monkeypatch):
@@ -170,7 +205,9 @@ def test_accumulation_steps_are_timed_after_their_queued_gpu_work(monkeypatch):
         time.sleep(0.03)
 
     monkeypatch.setattr(interleave, "synchronize_all", wait_for_queue)  # what timed_call waits on
-    res = lab09.run_accumulation([("right", accumulation_step)], 2, wrapper="naive", micro_batches=2, num_steps=2)
+    res = lab09_accumulation.run_accumulation(
+        [("right", accumulation_step)], 2, wrapper="naive", micro_batches=2, num_steps=2
+    )
     assert min(res["right"]["step_s"]) >= 0.03, res["right"]["step_s"]
 
 

@@ -33,7 +33,7 @@ def _rule(rungs, reduction_factor):
             out.append([])
             break
         ranked = sorted(rung, key=lambda t: -rung[t] if rung[t] == rung[t] else math.inf)
-        out.append([t for t in ranked[:math.floor(len(rung) / reduction_factor)] if t not in rungs[k + 1]])
+        out.append([t for t in ranked[: math.floor(len(rung) / reduction_factor)] if t not in rungs[k + 1]])
     return out
 
 
@@ -56,8 +56,12 @@ def test_promotions_right_and_wrong(seed: int) -> None:
     assert _verdict("equal", lab10.promotions(_rule, cases), want) is None
 
     def keeps_promoted(rungs, rf):  # forgets to drop the trials already in the next rung
-        return [sorted(r, key=lambda t: -r[t] if r[t] == r[t] else math.inf)[:math.floor(len(r) / rf)]
-                if k < len(rungs) - 1 else [] for k, r in enumerate(rungs)]
+        return [
+            sorted(r, key=lambda t: -r[t] if r[t] == r[t] else math.inf)[: math.floor(len(r) / rf)]
+            if k < len(rungs) - 1
+            else []
+            for k, r in enumerate(rungs)
+        ]
 
     def crashes(rungs, rf):
         raise KeyError("oops")
@@ -140,8 +144,12 @@ def test_tune_comparison_baselines_without_ray() -> None:
     """The two baselines beside the real search are computed, not run: check them by hand."""
     case = lab10_asha.comparison_case(random.Random(0))
     assert len(case["curves"]) == 12 and all(len(c) == case["max_t"] == 9 for c in case["curves"])
-    stream = {"mode": "max", "workers": 2, "epoch_s": case["epoch_s"],
-              "curves": {f"trial_{i:03d}": c for i, c in enumerate(case["curves"])}}
+    stream = {
+        "mode": "max",
+        "workers": 2,
+        "epoch_s": case["epoch_s"],
+        "curves": {f"trial_{i:03d}": c for i, c in enumerate(case["curves"])},
+    }
     tunes = lab10_asha.stream_run(ASHAScheduler(max_t=9, grace_period=1, reduction_factor=3), stream)
     assert 12 <= tunes["trial_epochs"] < 108 / 2
 
@@ -161,11 +169,28 @@ def test_packed_requests_right_and_wrong() -> None:
 
     tol = dict(rtol=1e-3, atol=1.5e-4)
     assert _verdict("close", lab10.packed_requests(plain, machines), want, **tol) is None
-    assert _verdict("close", lab10.packed_requests(one_cpu, lab10.random_machines(random.Random(7), 200)),
-                    lab10.packed_requests(lab10.packed_resources, lab10.random_machines(random.Random(7), 200)),
-                    **tol) is not None
+    assert (
+        _verdict(
+            "close",
+            lab10.packed_requests(one_cpu, lab10.random_machines(random.Random(7), 200)),
+            lab10.packed_requests(lab10.packed_resources, lab10.random_machines(random.Random(7), 200)),
+            **tol,
+        )
+        is not None
+    )
 
 
-def test_one_per_device() -> None:
-    assert lab10.one_per_device(2, 0) == {"cpu": 1.0}
-    assert lab10.one_per_device(2, 4) == {"gpu": 1.0, "cpu": 0.5}
+def test_the_packing_bound_passes_two_rounds_of_waiting_and_fails_four() -> None:
+    """The packing check's contract (measure.wall, floor 2 and at most 3 x PROBE_WAIT_S): the packed probe
+    waits in 2 rounds (about 0.21 s measured on the kit's VM), one task per device in 4 (about 0.41 s),
+    and a request that packs more runs in 1 round, faster than the waiting it must do."""
+    from gpulab.verdict.rules import Measurement, judge
+
+    bounds = dict(floor_s=2 * lab10.PROBE_WAIT_S, at_most_s=3 * lab10.PROBE_WAIT_S)
+    packed, loaded, one_per_device, over = (0.212, 0.205), (0.29, 0.33), (0.414, 0.417), (0.167, 0.169)
+    assert judge("measure.wall", [Measurement(t) for t in packed], None, **bounds) is None
+    assert judge("measure.wall", [Measurement(t) for t in loaded], None, **bounds) is None  # the least run counts
+    assert "more than the 300.0 ms allowed" in judge(
+        "measure.wall", [Measurement(t) for t in one_per_device], None, **bounds
+    )
+    assert "less than the 200.0 ms" in judge("measure.wall", [Measurement(t) for t in over], None, **bounds)
