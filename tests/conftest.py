@@ -98,3 +98,20 @@ def pytest_terminal_summary(terminalreporter):
     for lab, t in sorted(LAB_TIMINGS.items()):
         parts = ", ".join(f"{k} {v:.1f}" for k, v in t.items())
         terminalreporter.write_line(f"{lab:<20} {parts}")
+
+
+def lab_class(course: Path, lab: str, full: tuple[str, ...], blank: tuple[str, ...]) -> Path:
+    """A course root at ``course`` with ``lab`` released: ``full`` hand in the source notebook (every
+    answer), ``blank`` the release copy (none)."""
+    import shutil
+
+    from gpulab.course.release import release
+
+    shutil.copytree(COURSE / "source", course / "source")
+    shutil.copy(COURSE / "nbgrader_config.py", course)
+    release(course, lab)
+    for s in full:
+        shutil.copytree(course / "source" / lab, course / "submitted" / s / lab)
+    for s in blank:
+        shutil.copytree(course / "release" / lab, course / "submitted" / s / lab)
+    return course

@@ -9,8 +9,8 @@ writes stay the instructor's and the formgrader can still write them):
 
 Each nbgrader command runs with the instructor's settings of the running hub
 (``<state>/jupyter/instructor``: the exchange and the course id), in the course root.
-``make grade`` run as root leaves root's files in the course; ``hub-feedback`` gives them back to
-the course's owner first.
+Every step that writes into the course closes what it wrote (:func:`gpulab.hub.private.settle`):
+the course owner's and the instructors' group, nothing for others, nothing left root's.
 """
 
 from __future__ import annotations
@@ -55,23 +55,6 @@ def run_as_owner(course: str | Path, state: str | Path, argv: list[str]) -> int:
     return subprocess.run(prefix + argv, cwd=course, env=_env(state, who), check=False).returncode
 
 
-def give_back(course: str | Path) -> int:
-    """Give the files root left in the course (``make grade`` as root) to the course's owner;
-    returns how many. Links are changed, never followed."""
-    course = Path(course)
-    who = owner(course)
-    if os.geteuid() != 0 or who.pw_uid == 0:
-        return 0
-    changed = 0
-    for dirpath, dirnames, filenames in os.walk(course):
-        for name in [*dirnames, *filenames]:
-            p = os.path.join(dirpath, name)
-            if os.lstat(p).st_uid == 0:
-                os.chown(p, who.pw_uid, who.pw_gid, follow_symlinks=False)
-                changed += 1
-    return changed
-
-
 def nbgrader(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "nbgrader"), *args]
 
@@ -99,14 +82,13 @@ def collect(course: str | Path, state: str | Path, lab: str) -> int:
 
 def feedback(course: str | Path, state: str | Path, lab: str) -> int:
     """The kit's feedback of ``lab`` (hidden tests removed, checked), released to the exchange."""
-    given = give_back(course)
+    given = settle(course)  # what make grade (as root) wrote: the course owner's, closed
     if given:
-        print(f"gave {given} file(s) that root wrote in {course} back to {owner(course).pw_name}")
+        print(f"closed {given} path(s) written in {course}: {owner(course).pw_name}'s, nothing for others")
     rc = run_as_owner(course, state, [sys.executable, "-m", "gpulab.course", "feedback", "--course", ".", "--lab", lab])
     if rc != 0:
         return rc
     pair_with_submissions(course, lab)
-    give_back(course)
     rc = run_as_owner(course, state, nbgrader("release_feedback", lab))
     settle(course)
     return rc
@@ -125,9 +107,14 @@ def pair_with_submissions(course: str | Path, lab: str) -> int:
     another's page); it reads the secret from the feedback folder."""
     course, copied = Path(course), 0
     for page_dir in (course / "feedback").glob(f"*/{lab}"):
+        for page in page_dir.glob("*.html"):  # its copy in the exchange keeps this mode: the student reads it
+            page.chmod(0o644)                 # (here its folder keeps it to the instructors)
         submitted = course / "submitted" / page_dir.parent.name / lab
         for name in SUBMISSION_FILES:
             if not (page_dir / name).exists() and (submitted / name).is_file():
                 (page_dir / name).write_bytes((submitted / name).read_bytes())
+                if os.geteuid() == 0:  # written by root: the course owner's, as the page beside it
+                    st = page_dir.stat()
+                    os.chown(page_dir / name, st.st_uid, st.st_gid)
                 copied += 1
     return copied

@@ -27,6 +27,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+from gpulab.hub import users
+
 GROUP = "gpulab-instructors"
 KIT_PRIVATE = ("notebooks", "tests", ".git", "build", "work", "test-artifacts")
 STATE_PRIVATE = ("jupyterhub.sqlite", "jupyterhub_cookie_secret", "plan.json", "new-passwords.csv")
@@ -143,7 +145,7 @@ def exposed(paths: list[Path], students: list[str]) -> list[str]:
 
     A private path is closed when others have no bit on it and neither its owner nor its group
     is a student's: nothing under it can then be reached by a student, whatever its own modes."""
-    uids = {pwd.getpwnam(s).pw_uid: s for s in students if _exists(s)}
+    uids = {pwd.getpwnam(s).pw_uid: s for s in students if users.exists(s)}
     out = []
     for p in paths:
         st = os.lstat(p)
@@ -158,7 +160,7 @@ def exposed(paths: list[Path], students: list[str]) -> list[str]:
             name = grp.getgrgid(st.st_gid).gr_name
         except KeyError:
             continue
-        in_group = sorted(s for s in students if s in members or (_exists(s) and pwd.getpwnam(s).pw_gid == st.st_gid))
+        in_group = sorted(s for s in students if s in members or (users.exists(s) and pwd.getpwnam(s).pw_gid == st.st_gid))
         if in_group and st.st_mode & 0o070:
             out.append(f"{p}: its group {name} holds the student(s) {', '.join(in_group)}; "
                        f"fix: chgrp -R {GROUP} {p} (make hub does this)")
@@ -167,11 +169,3 @@ def exposed(paths: list[Path], students: list[str]) -> list[str]:
 
 def owner_name(path: str | Path) -> str:
     return pwd.getpwuid(Path(path).stat().st_uid).pw_name
-
-
-def _exists(user: str) -> bool:
-    try:
-        pwd.getpwnam(user)
-        return True
-    except KeyError:
-        return False

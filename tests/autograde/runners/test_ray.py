@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import COURSE
+from conftest import lab_class
 
 from gpulab.autograde import gradebook
 from gpulab.autograde import plan as planning
@@ -22,7 +21,6 @@ from gpulab.autograde.limits import Limits
 from gpulab.autograde.record import NOT_YET
 from gpulab.autograde.runners import ray as cluster
 from gpulab.confine import isolation
-from gpulab.course.release import release
 
 LAB = "00_setup"
 FULL = ("ada", "cy")    # the source notebook: every answer
@@ -30,15 +28,7 @@ BLANK = ("bo", "dee")   # the release copy: no answer
 
 
 def _course(tmp: Path) -> Path:
-    course = tmp / "course"
-    shutil.copytree(COURSE / "source", course / "source")
-    shutil.copy(COURSE / "nbgrader_config.py", course)
-    release(course, LAB)
-    for s in FULL:
-        shutil.copytree(course / "source" / LAB, course / "submitted" / s / LAB)
-    for s in BLANK:
-        shutil.copytree(course / "release" / LAB, course / "submitted" / s / LAB)
-    return course
+    return lab_class(tmp / "course", LAB, FULL, BLANK)
 
 
 def _table(course: Path) -> dict[str, dict[str, str]]:
