@@ -62,7 +62,7 @@ I18N    = "$(PY)" -m gpulab.i18n
 # the translated course root is brought up to date before anything reads it
 TRANSLATE = $(if $(KIT_LANG),$(I18N) build --lang $(KIT_LANG) --out "$(COURSE)",:)
 
-.PHONY: help setup lock setup-browser lab i18n-update i18n-check test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean hub-setup hub hub-release hub-collect hub-feedback test-hub
+.PHONY: help setup lock setup-browser lab i18n-update i18n-check test test-fast test-browser lint release check grade feedback collect bench gpu-check doctor clean hub-setup hub hub-release hub-extend hub-collect hub-feedback test-hub
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -90,6 +90,7 @@ $(TORCH_STAMP): | $(PY)
 $(STAMP): pyproject.toml constraints.txt requirements.lock $(TORCH_STAMP)
 	"$(PY)" -m pip install --quiet --require-hashes --no-deps -r requirements.lock
 	"$(PY)" -m pip install --quiet --no-deps --no-build-isolation -e .
+	"$(PY)" -m gpulab.devices.shadow install
 	"$(PY)" -m pip install --quiet -c constraints.txt torch --index-url "$(TORCH_INDEX)"
 	"$(PY)" -m pip check
 	@"$(PY)" -c 'import torch; b = torch.version.cuda; print("torch", torch.__version__, "(CUDA " + b + ")" if b else "(CPU build)")'
@@ -183,8 +184,11 @@ hub: hub-setup  ## JupyterHub for the class, as root: make hub ROSTER=roster.csv
 		$(if $(SSL_CERT),--ssl-cert "$(SSL_CERT)" --ssl-key "$(SSL_KEY)") $(if $(CPUS_PER_STUDENT),--cpus-per-student $(CPUS_PER_STUDENT)) \
 		$(if $(MEM_PER_STUDENT),--mem-per-student $(MEM_PER_STUDENT))
 
-hub-release: setup  ## release a lab to the hub's exchange: make hub-release LAB=00_setup [DUE="2026-10-01 17:00:00 UTC"]
-	"$(PY)" -m gpulab.hub release --course "$(COURSE)" --state "$(HUB_STATE)" --lab "$(LAB)" $(if $(DUE),--due "$(DUE)")
+hub-release: setup  ## release a lab to the hub's exchange: make hub-release LAB=00_setup [DUE="2026-10-01 17:00:00 UTC"] (a past DUE: asks, or FORCE=1)
+	"$(PY)" -m gpulab.hub release --course "$(COURSE)" --state "$(HUB_STATE)" --lab "$(LAB)" $(if $(DUE),--due "$(DUE)") $(if $(filter 1,$(FORCE)),--force)
+
+hub-extend: setup  ## one student's extension, honoured by make grade: make hub-extend LAB=00_setup STUDENT=alice UNTIL="2026-10-03 17:00:00 UTC" (UNTIL=none removes it)
+	"$(PY)" -m gpulab.hub extend --course "$(COURSE)" --state "$(HUB_STATE)" --lab "$(LAB)" --student "$(STUDENT)" --until "$(UNTIL)"
 
 hub-collect: setup  ## the exchange's submissions of a lab -> notebooks/submitted/ (then make grade): make hub-collect LAB=00_setup
 	"$(PY)" -m gpulab.hub collect --course "$(COURSE)" --state "$(HUB_STATE)" --lab "$(LAB)"
@@ -222,8 +226,11 @@ collect: setup  ## import an LMS download: make collect LAB=00_setup ARCHIVE=sub
 bench: setup  ## run every benchmark; each prints one JSON line
 	@for b in benchmarks/*.py; do echo "== $$b"; "$(PY)" "$$b"; done
 
-gpu-check: setup  ## on a GPU machine: GPU tests, labs 02/06/07/08/09/10/11/12 graded, benchmarks -> benchmarks/results/*-<gpu>.json (install a CUDA torch: TORCH_INDEX=...)
-	"$(PY)" tools/gpu_check.py
+# gpu-check runs with a python whose torch is a CUDA build: the venv's if it is one, else the machine's python3
+GPU_PY ?= $(shell "$(PY)" -c "import sys, torch; sys.exit(not torch.version.cuda)" 2>/dev/null && echo "$(PY)" || command -v python3)
+
+gpu-check:  ## on a lent GPU machine, its own torch, installs nothing: CUDA probe in the sandbox, GPU tests, the labs it can run, benchmarks -> benchmarks/results/ (GPU_CHECK_ARGS="--plan 15min", GPU_PY=...)
+	"$(GPU_PY)" tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 doctor: setup  ## what this machine has, and what will run on real devices
 	"$(PY)" -m gpulab doctor

@@ -676,6 +676,51 @@ def to_device(batch, device):
 """
 
 
+# issue 48: the forge. The graded kernel holds no expected value, so it sends what it can compute
+# itself as if it were the reference run's: every check rewritten (through the module's dict, no
+# attribute assignment to see) to send its value with a spec of open bounds and itself as the literal
+# expected; the kernel's mode set to the reference's; the answers computed by the lab's grading module
+# (gpulab's references behind it); and the reference run's file written where a grader might read it.
+FORGE = {
+    "to_device_impl": """import os
+from gpulab.evidence import wire as _wire
+from gpulab.evidence.records import Check as _Check
+from gpulab.grading import checks as _checks
+from gpulab.grading import lab00 as _lab00
+
+def _forged(spec, actual, expected=_checks.NOT_GIVEN):
+    value = actual()  # the check as the reference kernel sends it: any value passes, and this one is expected
+    _wire.emit(_Check(value, {**spec, "kind": "between", "lo": None, "hi": None}, value))
+vars(_checks)["_check"] = _forged
+os.environ["GPULAB_GRADING"] = "reference"  # every other check sends a spec too, as the reference kernel's do
+def to_device(batch, device):
+    return _lab00.tree_map(lambda t: t.to(device), batch)  # the grading module's own walker
+""",
+    "choose_backend_impl": """def choose_backend(machine, world_size):
+    return _lab00.choose_backend(machine, world_size)  # what the reference computes
+""",
+    "place_ranks_impl": """def place_ranks(machine, world_size):
+    return _lab00.place_ranks(machine, world_size)
+""",
+    "triage_impl": """import json, pathlib
+from gpulab.devices.doctor import Facts as _Facts
+def triage(facts):
+    return _lab00.doctor_says(_Facts(**facts))
+_open = {"kind": "between", "what": "forged", "hint": "", "lo": None, "hi": None}
+_file = {"version": 2, "lab": "00_setup", "seed": int(os.environ.get("GPULAB_SEED") or 0), "cpus": 1, "seconds": 0.0,
+         "cells": {"00_setup": {gid: {"entries": [{"kind": "check", "value": True, "spec": _open}] * 20}
+                                for gid in ("to_device_nested", "backend_for_machines", "placement_for_machines",
+                                            "triage_doctor_reports")}}}
+for _folder in [pathlib.Path.cwd(), *list(pathlib.Path.cwd().parents)[:5]]:
+    try:
+        (_folder / "expected.json").write_text(json.dumps(_file))  # the reference run's file, forged
+        print("wrote", _folder / "expected.json")
+    except OSError as err:
+        print("refused:", type(err).__name__)
+""",
+}
+
+
 def pasted_reference() -> str:
     """gpulab's tree_map pasted in as the student's own, and to_device written around it."""
     import inspect
@@ -689,7 +734,8 @@ def pasted_reference() -> str:
 def evidence_cases() -> dict[str, Case]:
     """The verdicts issue's attacks from inside the kernel: rewritten replies and messages, patched
     checks and comparisons (for good, or only while a check runs), objects that lie, forged,
-    doubled, malformed and enormous evidence, calls to the masked references and a pasted one.
+    doubled, malformed and enormous evidence, calls to the masked references and a pasted one, and the
+    forge (expected values computed in the kernel and sent as the reference run's).
     Each on a blank notebook (0/8) unless it says otherwise."""
     return {
         "forge_replies": Case(answers={**BLANK, "to_device_impl": REPLY_FORGER}, score=0),
@@ -703,6 +749,7 @@ def evidence_cases() -> dict[str, Case]:
         "silence_checks": Case(answers={**BLANK, "to_device_impl": SILENCER}, score=0,
                                note=r"attribute assignment on gpulab/torch modules"),
         "call_masked": Case(answers={**BLANK, **MASKED_CALLS}, score=0, note=r"masked while grading"),
+        "forge_expected": Case(answers=FORGE, score=0),
         "getsource_masked": Case(answers={**BLANK, "to_device_impl": GETSOURCE}, score=0,
                                  note=r"masked while grading"),
         "paste_reference": Case(answers={"to_device_impl": pasted_reference()},  # the rest as the attackers' (not an honest student's)

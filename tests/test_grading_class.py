@@ -4,7 +4,9 @@ the kernel rewritten, evidence forged, objects that lie, masked references calle
 of the pipeline issue (disks and files filled, the environment read, a clone of the course hunted,
 the hidden tests leaked through IPython's history, the audit trail erased, ids a tool misreads),
 graded in parallel; then the gradebook, ``nbgrader export``, feedback without hidden tests, the
-wall-clock limit, and zip collection.
+wall-clock limit, and zip collection. Two small classes beside it (issue 48,
+tests/grading_timed_class.py): lab 01's honest copy graded beside a classmate that spins every core,
+and an honest lab 06 that must get no note.
 
 The class is graded once (module fixture, 2 workers, a 20 s cell timeout so that the infinite
 loops cost seconds, not minutes), with a canary in the grader's environment and a world-readable
@@ -149,7 +151,7 @@ def test_every_student_gets_the_expected_score_and_note(graded) -> None:
                     if c.metadata.get("nbgrader", {}).get("grade_id") == "choose_backend_impl")
         shown = json.dumps(cell.get("outputs", []))
         assert "refused: PermissionError" in shown and "BEGIN HIDDEN TESTS" not in shown, shown[:500]
-    from gpulab.autograde.students import from_csv
+    from gpulab.accounts.students import from_csv
 
     with open(course / "grades.csv", newline="") as fh:
         table = {from_csv(r["student"]): r for r in csv.DictReader(fh)}  # '=SUM(1+1) is escaped there
@@ -251,7 +253,7 @@ def test_the_gradebook_stays_nbgraders_source_of_truth(graded) -> None:
     from nbgrader.api import Gradebook
 
     course, fixture, rows, _ = graded
-    from gpulab.autograde.students import alias
+    from gpulab.accounts.students import alias
 
     rows = {alias(s): r for s, r in rows.items()}  # nbgrader knows an odd id by its alias
     with Gradebook(gradebook.db_url(course), course_id="gpulab") as gb:
@@ -372,7 +374,7 @@ def test_feedback_never_shows_hidden_tests(graded) -> None:
     verdicts. The history attacks (``In`` printed plainly, base64, one character before each line,
     base85(zlib)) printed every hidden line in the graded run; none reaches a page, the students' own
     cells and outputs do, and so do the grader's words and the gradebook's scores."""
-    from gpulab.autograde.students import alias
+    from gpulab.accounts.students import alias
     from gpulab.course import feedback_page as page
 
     course, fixture, rows, _ = graded
@@ -455,3 +457,49 @@ def test_collect_imports_an_lms_zip(graded, tmp_path: Path) -> None:
     for student in report.students:
         nb = json.loads((course / "submitted" / student / LAB / f"{LAB}.ipynb").read_text())
         assert nb["cells"], student
+
+
+@pytest.fixture(scope="module")
+def side_classes(tmp_path_factory: pytest.TempPathFactory):
+    """Issue 48's two small classes (tests/grading_timed_class.py), each graded once with the
+    grader's own limits: lab 01 two at a time (the spinner beside an honest copy), lab 06 alone."""
+    from grading_timed_class import NOTED_LAB, SPUN_LAB, noted_class, spinner_class
+
+    limits = Limits(allow_weaker=not ISOLATED)
+    spun = spinner_class(tmp_path_factory.mktemp("spun"))
+    spun_rows = grade(spun, SPUN_LAB, jobs=2, limits=limits, progress=False, plan=PLAN)
+    noted = noted_class(tmp_path_factory.mktemp("noted"))
+    noted_rows = grade(noted, NOTED_LAB, jobs=1, limits=limits, progress=False, plan=PLAN)
+    return spun, {r.student: r for r in spun_rows}, {r.student: r for r in noted_rows}
+
+
+@pytest.mark.timeout(900)
+def test_a_spinning_classmate_moves_no_score(side_classes) -> None:
+    """The load-shaping spinner keeps a busy process on every core through its classmate's timed
+    phases (and its own): both score the source's full marks, and the spinner did spin."""
+    from grading_timed_class import SPUN_HONEST, SPUN_LAB, SPUN_SPINNER, autograded_points
+
+    course, rows, _ = side_classes
+    full = autograded_points(SPUN_LAB)
+    got = {s: (rows[s].score, rows[s].notes) for s in (SPUN_HONEST, SPUN_SPINNER)}
+    assert all(score == full for score, _ in got.values()), f"(score, notes) beside a spinner, full marks {full}: {got}"
+    nb = nbformat.read(str(course / "autograded" / SPUN_SPINNER / SPUN_LAB / f"{SPUN_LAB}.ipynb"), as_version=4)
+    printed = "".join(o.get("text", "") for o in nb.cells[1].get("outputs", []) if o.get("output_type") == "stream")
+    assert "spinning" in printed, f"the spinner's cell did not start its processes: {printed!r}"
+    assert not re.search(r"signal|outlived|process", rows[SPUN_HONEST].notes), rows[SPUN_HONEST].notes
+
+
+@pytest.mark.timeout(900)
+def test_an_honest_lab06_gets_no_note(side_classes) -> None:
+    """Issue 48 item 5: the launcher's watchdog and the DataLoader workers are the kit's own; an
+    honest lab 06 (the source answers) scores full marks and grades.csv carries no note for it."""
+    from grading_timed_class import NOTED_HONEST, NOTED_LAB, autograded_points
+
+    _, _, rows = side_classes
+    row = rows[NOTED_HONEST]
+    assert row.score == autograded_points(NOTED_LAB), (row.score, row.notes)
+    # the source answers are the course's solution, so the similarity notes are right here; what must
+    # not appear is a note about the kit's own processes (the watchdog's killpg, the loader's workers)
+    kept = [n for n in row.notes.split("; ") if n and n != PLAN.note() and "wait for manual grading" not in n
+            and not re.fullmatch(r"cell \w+ is 100% the same as the course's solution \(.*\)", n)]
+    assert not kept, f"an honest lab 06 got a note: {kept!r}"

@@ -92,7 +92,7 @@ def _grade(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print_table(rows, time.perf_counter() - t0)
-    from gpulab.hub.private import settle
+    from gpulab.accounts.private import settle
 
     settle(args.course)  # a hub's closed course: what grading wrote is the instructors', not root's or anyone's
     print(f"wrote {Path(args.course) / 'grades.csv'}; nbgrader's log of each submission is in "

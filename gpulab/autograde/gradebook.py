@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import SAWarning
 
-from gpulab.autograde import students
+from gpulab.accounts import students
 from gpulab.autograde.box import links
 from gpulab.autograde.limits import SandboxResult
 
@@ -112,8 +112,10 @@ def merge(course: Path, result: SandboxResult, max_bytes: int = 100 * 2**20) -> 
         sub = gb.find_submission(result.lab, student)
         score, max_score = float(sub.score), float(sub.max_score)
         penalty = float(sub.late_submission_penalty or 0)
+        late_s = float(sub.total_seconds_late)  # past the student's own deadline (an extension included)
+        if late_s > 0 or penalty:
+            result.notes.append(late_note(late_s, penalty, score))
         if penalty:  # nbgrader keeps the penalty beside the score; grades.csv shows what counts
-            result.notes.append(f"late: {penalty:g} point(s) off ({score:g} before the penalty)")
             score = max(0.0, score - penalty)
         if graded:
             written, other = _waiting(sub)
@@ -122,6 +124,14 @@ def merge(course: Path, result: SandboxResult, max_bytes: int = 100 * 2**20) -> 
             if other:
                 result.notes.append(f"{other:g} point(s) of manually graded cells wait for the formgrader")
     return score, max_score
+
+
+def late_note(seconds: float, penalty: float, before: float) -> str:
+    """grades.csv's note on a late submission: "late by 2.5 h, 8 points off (8 before the penalty)"."""
+    hours = seconds / 3600
+    late = f"{hours:.1f} h" if hours >= 0.05 else "under 0.1 h"
+    points = f"{penalty:g} point{'' if penalty == 1 else 's'} off"
+    return f"late by {late}, {points}" + (f" ({before:g} before the penalty)" if penalty else "")
 
 
 def _waiting(sub: object) -> tuple[float, float]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from gpulab.autograde import gradebook, students
+from gpulab.accounts import students
+from gpulab.autograde import gradebook
 from gpulab.autograde.nbgrader import nbgrader
 from gpulab.autograde.record import NOT_YET, GradeRow
 

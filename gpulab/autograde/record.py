@@ -8,7 +8,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab.autograde import gradebook, students
+from gpulab.accounts import students
+from gpulab.autograde import gradebook
 from gpulab.autograde.limits import SandboxResult
 
 NOT_YET = "not graded: the grading run stopped before this submission; run make grade again"

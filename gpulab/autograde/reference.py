@@ -5,7 +5,12 @@ tests. The solution is held to those literals and to its rules: a source noteboo
 own tests stops the grading of its lab (:meth:`Expected.problems`).
 
 The kernel runs in a child process with the thread count and CPU set of a student's kernel, so the
-measured checks' reference figures are measured on the same share of the machine.
+measured checks' reference figures are measured on the same share of the machine, and with what
+the machine gives a student's kernel: the same environment (:func:`gpulab.autograde.box.run.sandbox_env`:
+the allow-list, CUDA's, NCCL's and Triton's variables, the caches in its own folder) and the same
+memory and file-size caps (the jail's, :func:`gpulab.autograde.box.prepare.memory_args`: none per
+process on a GPU machine). It is not in the students' namespaces: it sees the whole machine, so a
+submission's kernel is given the device files and CUDA folders it sees (:mod:`gpulab.confine.cuda_paths`).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from gpulab.autograde.box.run import die_with_grader
+from gpulab.autograde.box.prepare import font_cache, memory_args
+from gpulab.autograde.box.run import die_with_grader, sandbox_env
 from gpulab.autograde.expected import Expected
-from gpulab.autograde.nbgrader import nbgrader_env
+from gpulab.autograde.limits import Limits
 
 
 class ReferenceError(RuntimeError):
@@ -37,16 +44,24 @@ def kernel_env(seed: int, threads: int | None, mode: str = "reference") -> dict[
 
 
 def run_reference(course: Path, lab: str, work: Path, seed: int, secret: str, cell_timeout: int | None = None,
-                  threads: int | None = None, timeout_s: float = 1800, measure_lock: str = "") -> Expected:
+                  threads: int | None = None, timeout_s: float = 1800, measure_lock: str = "",
+                  limits: Limits | None = None) -> Expected:
     """Run the reference kernel of ``lab`` in ``work`` and return its expected values (ReferenceError
-    when the run fails, or the source notebook fails its own tests)."""
+    when the run fails, or the source notebook fails its own tests). ``limits``: the students' (their
+    memory caps and environment are the reference kernel's too)."""
+    limits = limits or Limits(threads=threads)
     work.mkdir(parents=True, exist_ok=True)
+    for d in ("home", "matplotlib", "ipython", "runtime", "cache", "jupyter"):
+        (work / "tmp" / d).mkdir(parents=True, exist_ok=True)
+    for f in font_cache():
+        shutil.copy(f, work / "tmp" / "matplotlib")
     out = work / "expected.json"
     cmd = [sys.executable, "-m", "gpulab.autograde.reference", "--course", str(course), "--lab", lab, "--out", str(out),
            "--seed", str(seed), "--secret", secret, "--work", str(work / "run")]
     if cell_timeout:
         cmd += ["--cell-timeout", str(cell_timeout)]
-    env = nbgrader_env(kernel_env(seed, threads))
+    cmd += [f"--jail-arg={a}" for a in memory_args(limits)]
+    env = {**sandbox_env(work, replace(limits, threads=threads)), **kernel_env(seed, threads)}
     env.pop("GPULAB_GRADING")  # the runner itself is not a kernel; it sets the mode for its kernel
     if threads:
         cmd += ["--threads", str(threads)]
@@ -59,9 +74,12 @@ def run_reference(course: Path, lab: str, work: Path, seed: int, secret: str, ce
     except subprocess.TimeoutExpired:
         raise ReferenceError(f"the reference run of {lab} took more than {timeout_s:g} s") from None
     (work / "reference.log").write_text(proc.stdout + proc.stderr)
+    kept = course / "grading_logs" / f"{lab}.reference.log"  # the grading copies go; the log stays for the instructor
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not out.exists():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
-        raise ReferenceError(f"the reference run of {lab} failed (exit {proc.returncode}):\n{tail}")
+        raise ReferenceError(f"the reference run of {lab} failed (exit {proc.returncode}; whole log: {kept}):\n{tail}")
     expected = Expected.load(out)
     expected.seconds = time.perf_counter() - t0
     problems = expected.problems()
@@ -74,7 +92,9 @@ def run_reference(course: Path, lab: str, work: Path, seed: int, secret: str, ce
 
 def _child(args: argparse.Namespace) -> int:
     import nbformat
+    from traitlets.config import Config
 
+    from gpulab.autograde.execute.kernel import JailedKernelManager
     from gpulab.autograde.execute.preprocessor import GpulabExecute
     from gpulab.autograde.nbgrader import find_labs
 
@@ -90,12 +110,12 @@ def _child(args: argparse.Namespace) -> int:
     cells: dict[str, dict] = {}
     for path in sorted(run.glob("*.ipynb")):
         nb = nbformat.read(str(path), as_version=4)
-        ep = GpulabExecute(mode="reference", reference_out=str(raw), timing_secret=args.secret,
-                              measure_lock=args.measure_lock,
-                              timeout=args.cell_timeout, interrupt_on_timeout=True, allow_errors=True)
-        from jupyter_client import AsyncKernelManager
-
-        ep.kernel_manager_class = AsyncKernelManager  # a trusted notebook: no jail
+        # a trusted notebook: no file rules, but the students' memory caps (the jail's rlimits)
+        jailed = Config({"JailedKernelManager": {"jail_args": args.jail_arg}})
+        ep = GpulabExecute(config=jailed, mode="reference", reference_out=str(raw), timing_secret=args.secret,
+                           measure_lock=args.measure_lock,
+                           timeout=args.cell_timeout, interrupt_on_timeout=True, allow_errors=True)
+        ep.kernel_manager_class = JailedKernelManager
         ep.preprocess(nb, {"metadata": {"path": str(run)}, "unique_key": path.stem})
         cells[path.stem] = json.loads(raw.read_text()).get(path.stem, {})
     Expected(args.lab, args.seed, len(os.sched_getaffinity(0)), cells).save(Path(args.out))
@@ -113,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cell-timeout", type=int, default=300)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--measure-lock", default="", help="the machine's lock for measured runs")
+    p.add_argument("--jail-arg", action="append", default=[], help="an argument of gpulab.confine.jail for the kernel")
     return _child(p.parse_args(argv))
 
 

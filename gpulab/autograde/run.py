@@ -26,7 +26,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from gpulab.autograde import gradebook, students
+from gpulab.accounts import students
+from gpulab.autograde import gradebook
 from gpulab.autograde import plan as planning
 from gpulab.autograde.box import integrity, mask
 from gpulab.autograde.box.prepare import grading_root
@@ -73,7 +74,7 @@ def prepare_lab(course: Path, lab: str, root: Path, seed: int, secret: str, limi
     """The lab's reference run and masks for this grading run (raises ReferenceError)."""
     lock = measure_lock_file()
     expected = run_reference(course, lab, root / "reference" / lab, seed, secret, limits.cell_timeout_s,
-                             limits.threads, measure_lock=lock)
+                             limits.threads, measure_lock=lock, limits=limits)
     binds = mask.write_masks(mask.lab_references(lab), root / "masks" / lab) if plan.namespaces else []
     print(f"reference run of {lab}: {expected.seconds:.0f} s on {expected.cpus} CPU(s)", flush=True)
     return LabRun(lab, seed, root / "reference" / lab / "expected.json", binds, lock)

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import nbformat
 
-from gpulab.autograde.students import shown
+from gpulab.accounts.students import shown
 
 THRESHOLD = 0.8      # the share of the student's (filtered) cell found in the other
 MIN_OVERLAP = 150    # characters of filtered code in common, at least: a rule of 3-4 statements (lab 00's backend and

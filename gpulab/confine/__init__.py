@@ -7,6 +7,7 @@
 - ``cgroups``: the submission's cgroup (tasks and memory capped, frozen and killed whole);
 - ``jail``: what the kernel process starts under (rlimits, Landlock, the audit hook);
 - ``signal_targets``: whether a signal the kernel sends stays in its own tree.
+- ``cuda_paths``: what of a GPU machine a kernel must reach (device files, CUDA's folders, variables).
 
 Nothing here imports ``gpulab.course`` or torch: ``nsinit`` and ``jail`` start in every submission.
 """

@@ -146,9 +146,11 @@ def _keep_args(paths: list[str]) -> list[str]:
     return [a for p in paths for a in ("--keep", p)]
 
 
-def _kernel_prefix(uid: int) -> list[str]:
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
-            "--"]
+def _kernel_prefix(uid: int, groups: list[int] | tuple[int, ...] = ()) -> list[str]:
+    """``setpriv`` to ``uid`` with no capability; ``groups``: the only supplementary groups it keeps
+    (those a GPU's device files are opened through, :attr:`cuda_paths.CudaBinds.groups`)."""
+    keep = f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups"
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", keep, "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
 def _try(root: bool) -> tuple[str | None, str | None]:
@@ -258,6 +260,8 @@ class Submission:
     visible: list[str] = field(default_factory=list)  # writable paths kept when the machine is hidden (the grading folder)
     quotas: list[str] = field(default_factory=list)  # FOLDER:MIB:FILES for nsinit --quota
     copy_back: list[str] = field(default_factory=list)  # the quota folders nbgrader's results are read from
+    see: list[str] = field(default_factory=list)  # read-only folders kept when the machine is hidden (CUDA's)
+    groups: list[int] = field(default_factory=list)  # the kernel uid's groups (a GPU's device files)
 
     def __post_init__(self) -> None:
         sup = self.plan.cgroups
@@ -271,6 +275,7 @@ class Submission:
         if not self.plan.namespaces:
             return command
         paths = kernel_paths()
+        shown = paths + [p for p in self.see if p not in paths]  # CUDA's folders: read-only, like this Python
         init = [sys.executable, "-m", "gpulab.confine.nsinit", "--tmp-mb", str(self.tmp_mb), "--shm-mb", str(self.shm_mb),
                 *_keep_args(paths)]
         for procs in self.group.procs_files("grader") if self.group else []:
@@ -282,9 +287,9 @@ class Submission:
         init += [a for q in self.quotas for a in ("--quota", q)]
         init += [a for b in self.copy_back for a in ("--copy-back", b)]
         if self.visible:  # the rest of the machine (homes, other clones of the course) is not in the namespace
-            init += ["--hide", *[a for p in paths for a in ("--see", p)], *[a for p in self.visible for a in ("--see-rw", p)]]
+            init += ["--hide", *[a for p in shown for a in ("--see", p)], *[a for p in self.visible for a in ("--see-rw", p)]]
         if self.uid is not None:  # the kernel's uid must reach this Python, even under a closed home folder
-            init += [a for p in paths for a in ("--expose", p)]
+            init += [a for p in shown for a in ("--expose", p)]
         return ["unshare", *_unshare_flags(self.plan.root), "--", *init, "--", *command]
 
     def join_command(self) -> list[str]:
@@ -298,7 +303,7 @@ class Submission:
         kernel's uid (root) or keep no capability (a user namespace's root)."""
         prefix = _joiner(self.group.procs_files("kernel")) if self.group is not None else []
         if self.uid is not None:
-            return prefix + _kernel_prefix(self.uid)
+            return prefix + _kernel_prefix(self.uid, self.groups)
         if self.plan.userns and shutil.which("setpriv"):
             return prefix + ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
         return prefix

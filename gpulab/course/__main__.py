@@ -53,7 +53,7 @@ def _collect(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from gpulab.autograde.students import alias, plain, shown
+    from gpulab.accounts.students import alias, plain, shown
 
     print(f"collected {len(report.students)} submission(s) of {args.lab} into "
           f"{Path(args.course) / 'submitted'}: {', '.join(map(shown, report.students)) or 'none'}")

@@ -25,10 +25,10 @@ from typing import Any
 
 import nbformat
 
+from gpulab.accounts.students import alias, from_csv
 from gpulab.autograde.box import integrity
 from gpulab.autograde.box.links import read_regular
 from gpulab.autograde.nbgrader import find_labs, nbgrader
-from gpulab.autograde.students import alias, from_csv
 
 BEGIN, END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 

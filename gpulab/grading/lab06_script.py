@@ -80,8 +80,8 @@ def _explain(proc: subprocess.Popen, output: str, out: Path, timeout: float, tim
     elif proc.returncode:
         why = f"exited with code {proc.returncode}"
         if any(s in output for s in _PORT_TAKEN):
-            why += (": the port it listens on was taken (another job on this machine). Let the main process pick "
-                    "a free port before it spawns the ranks, and pass it to them")
+            why += (": the port it listens on was taken (another job on this machine). Each job needs a meeting "
+                    "place that no other job can take: see the init_method of init_process_group")
         elif _NATIVE.search(output):
             why += (": a rank was killed by a signal, twice in a row (its native code crashed; the last lines "
                     "below say which rank and which signal)")

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from gpulab.devices import default_device
+from gpulab.grading.numerics import exact_float32
 from gpulab.memory.fixes.savings import Workload, fp32_step, lab_workloads, peak_memory
 
 __all__ = ["workload", "step_peak", "savings_step", "fp32_direction", "checkpoint_case", "plain_case", "recomputed"]
@@ -82,18 +83,21 @@ def fp32_direction(name: str, seed: int) -> torch.Tensor:
 
 
 def checkpoint_case(checkpointed_forward: Callable[..., Any], name: str, seed: int, segments: int) -> dict[str, Any]:
-    """Output and gradients of a training step through ``checkpointed_forward(blocks, inputs, segments)``."""
+    """Output and gradients of a training step through ``checkpointed_forward(blocks, inputs, segments)``,
+    in IEEE float32 (:func:`exact_float32`: on a GPU no TF32, deterministic cuDNN, as :func:`plain_case`)."""
     w = workload(name, seed)
-    out = checkpointed_forward(w.blocks, w.inputs, segments)
-    w.loss_fn(out, w.targets).backward()
+    with exact_float32():
+        out = checkpointed_forward(w.blocks, w.inputs, segments)
+        w.loss_fn(out, w.targets).backward()
     return {"output": out, "gradients": [p.grad for p in w.model.parameters()]}
 
 
 def plain_case(name: str, seed: int) -> dict[str, Any]:
     """The same step through the plain model: the expected output and gradients of :func:`checkpoint_case`."""
     w = workload(name, seed)
-    out = w.model(w.inputs)
-    w.loss_fn(out, w.targets).backward()
+    with exact_float32():
+        out = w.model(w.inputs)
+        w.loss_fn(out, w.targets).backward()
     return {"output": out, "gradients": [p.grad for p in w.model.parameters()]}
 
 

@@ -3,7 +3,7 @@
     make hub ROSTER=roster.csv [CREATE_USERS=1]      # python -m gpulab.hub serve --roster roster.csv
 
 - :mod:`gpulab.hub.roster`  the roster (``user,role``), checked whole before anything is created;
-- :mod:`gpulab.hub.users`   the local accounts the roster names (created only when asked, rolled back on failure);
+- the local accounts the roster names and the course's closed files: :mod:`gpulab.accounts` (below the grader too);
 - :mod:`gpulab.hub.shares`  which GPU, how many cores and how much memory each student's server gets;
 - :mod:`gpulab.hub.limits`  those shares enforced, one cgroup per user;
 - :mod:`gpulab.hub.site`    the exchange, the per-role Jupyter settings and the hub's plan, written before it starts;

@@ -1,8 +1,9 @@
-"""``python -m gpulab.hub <serve|release|collect|feedback>``: what ``make hub`` and the term's loop
+"""``python -m gpulab.hub <serve|release|extend|collect|feedback>``: what ``make hub`` and the term's loop
 run (docs/instructor.md, "Host the class on one server").
 
     sudo .venv/bin/python -m gpulab.hub serve --roster roster.csv [--create-users] [--port 8000]
-    python -m gpulab.hub release --lab 00_setup [--due "2026-10-01 17:00:00 UTC"]
+    python -m gpulab.hub release --lab 00_setup [--due "2026-10-01 17:00:00 UTC"] [--force]
+    python -m gpulab.hub extend --lab 00_setup --student alice --until "2026-10-03 17:00:00 UTC"
     python -m gpulab.hub collect --lab 00_setup
     python -m gpulab.hub feedback --lab 00_setup
 
@@ -23,7 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpulab.hub import limits, loop, private, roster, shares, site, users
+from gpulab.accounts import private, users
+from gpulab.hub import limits, loop, roster, shares, site
 
 DEFAULT_STATE = "/var/lib/gpulab-hub"
 
@@ -37,7 +39,7 @@ def _free_port() -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m gpulab.hub")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("serve", "release", "collect", "feedback"):
+    for name in ("serve", "release", "extend", "collect", "feedback"):
         s = sub.add_parser(name)
         s.add_argument("--course", default="notebooks", help="the nbgrader course root (default notebooks)")
         s.add_argument("--state", default=DEFAULT_STATE, help=f"the hub's own files (default {DEFAULT_STATE})")
@@ -46,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         if name == "release":
             s.add_argument("--due", default=None, help='due date, e.g. "2026-10-01 17:00:00 UTC" (late penalty: '
                                                       "notebooks/nbgrader_config.py)")
+            s.add_argument("--force", action="store_true", help="release even when the due date is already past "
+                                                                "(make hub-release FORCE=1)")
+        if name == "extend":
+            s.add_argument("--student", default="", help="the student's account (the roster's user)")
+            s.add_argument("--until", default="", help='their own deadline, e.g. "2026-10-03 17:00:00 UTC"; '
+                                                      '"none" removes the extension')
     s = sub.choices["serve"]
     s.add_argument("--roster", required=True, help="CSV of user,role (student or instructor)")
     s.add_argument("--create-users", action="store_true", help="create the roster's missing local accounts")
@@ -190,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "serve":
         return serve(args)
     if args.cmd == "release":
-        return loop.release(args.course, args.state, args.lab, args.due)
+        return loop.release(args.course, args.state, args.lab, args.due, args.force)
+    if args.cmd == "extend":
+        return loop.extend(args.course, args.state, args.lab, args.student, args.until)
     if args.cmd == "collect":
         return loop.collect(args.course, args.state, args.lab)
     return loop.feedback(args.course, args.state, args.lab)

@@ -3,13 +3,15 @@ instructor or by root; each nbgrader step runs as the **course folder's owner**,
 writes stay the instructor's and the formgrader can still write them):
 
     make hub-release  LAB=00_setup [DUE="2026-10-01 17:00:00 UTC"]   # generate, then release to the exchange
+                                         # (a due date already past: asks, or FORCE=1)
+    make hub-extend   LAB=00_setup STUDENT=alice UNTIL="2026-10-03 17:00:00 UTC"   # one student's extension
     make hub-collect  LAB=00_setup       # the exchange's latest submission of each student -> notebooks/submitted/
     make grade        LAB=00_setup       # as for any class (sandboxed, in parallel)
     make hub-feedback LAB=00_setup       # the kit's clean feedback (hidden tests removed), released to the exchange
 
 Each nbgrader command runs with the instructor's settings of the running hub
 (``<state>/jupyter/instructor``: the exchange and the course id), in the course root.
-Every step that writes into the course closes what it wrote (:func:`gpulab.hub.private.settle`):
+Every step that writes into the course closes what it wrote (:func:`gpulab.accounts.private.settle`):
 the course owner's and the instructors' group, nothing for others, nothing left root's.
 """
 
@@ -19,9 +21,11 @@ import os
 import pwd
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from gpulab.hub.private import settle
+from gpulab.accounts.private import settle
+from gpulab.hub import extensions
 
 
 def owner(course: str | Path) -> pwd.struct_passwd:
@@ -59,16 +63,72 @@ def nbgrader(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "nbgrader"), *args]
 
 
-def release(course: str | Path, state: str | Path, lab: str, due: str | None = None) -> int:
-    """Generate the student version of ``lab`` and release it to the exchange."""
+def confirm_due(course: str | Path, lab: str, due: str | None, force: bool = False,
+                ask: Callable[[str], str] | None = None) -> int:
+    """0 when ``lab`` may be released with ``due``: a due date already past (given, or kept in the
+    gradebook) is released only with ``force``, or when the instructor answers y on a terminal
+    (``ask``: how to ask, default :func:`input` where stdin is a TTY). Otherwise 2, with the fix."""
+    try:
+        why = extensions.past_due(course, lab, due)
+    except extensions.DeadlineError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if why is None:
+        return 0
+    if force:
+        print(f"warning: {why}; released anyway (FORCE=1)", flush=True)
+        return 0
+    if ask is None and sys.stdin.isatty():
+        ask = input
+    if ask is None:
+        print(f"error: {why}. Not released: give a later DUE=, or FORCE=1 to release it anyway "
+              "(make hub-release LAB=... DUE=... FORCE=1); one student's extra time: make hub-extend", file=sys.stderr)
+        return 2
+    print(f"warning: {why}", flush=True)
+    try:
+        answer = ask("Release it anyway? [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() in ("y", "yes"):
+        return 0
+    print(f"not released: {lab} is as it was (FORCE=1 releases without asking)", file=sys.stderr)
+    return 2
+
+
+def release(course: str | Path, state: str | Path, lab: str, due: str | None = None, force: bool = False,
+            ask: Callable[[str], str] | None = None) -> int:
+    """Generate the student version of ``lab`` and release it to the exchange (a due date already
+    past: only with ``force`` or the instructor's y, :func:`confirm_due`)."""
+    if (rc := confirm_due(course, lab, due, force, ask)) != 0:
+        return rc
     steps = [[sys.executable, "-m", "gpulab.course", "release", "--course", ".", "--lab", lab]]
     if due:
-        steps.append(nbgrader("db", "assignment", "add", lab, f"--duedate={due}"))
+        steps.append(nbgrader("db", "assignment", "add", lab, f"--duedate={extensions.shown(extensions.parse_when(due))}"))
     steps.append(nbgrader("release_assignment", lab, "--force"))
     for argv in steps:
         if (rc := run_as_owner(course, state, argv)) != 0:
             return rc
     settle(course)
+    return 0
+
+
+def extend(course: str | Path, state: str | Path | None, lab: str, student: str, until: str) -> int:
+    """One student's extension of ``lab``'s due date, kept in the course's gradebook, where
+    ``make grade`` honours it (:mod:`gpulab.hub.extensions`)."""
+    from nbgrader.api import InvalidEntry
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        line = extensions.extend(course, lab, student, until, state)
+    except extensions.DeadlineError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (InvalidEntry, DBAPIError, PermissionError) as err:
+        print(f"error: cannot write {Path(course) / 'gradebook.db'} ({str(err).splitlines()[0]}): run this as the "
+              f"course's owner ({owner(course).pw_name}) or with sudo", file=sys.stderr)
+        return 2
+    settle(course)  # as root: what sqlite wrote stays the course owner's, closed
+    print(line)
     return 0
 
 

@@ -10,7 +10,7 @@ A user name is a local account name (``useradd``'s default rule: a lowercase let
 lowercase letters, digits, ``_`` or ``-``, at most 32 characters). Every problem of the file is
 collected and reported at once, each with its line number and the fix, so one edit fixes them all;
 :func:`check_accounts` then compares the roster with the machine's accounts. Nothing is created
-until both have passed (:mod:`gpulab.hub.users`).
+until both have passed (:mod:`gpulab.accounts.users`).
 """
 
 from __future__ import annotations

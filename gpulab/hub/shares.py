@@ -39,8 +39,8 @@ class Share:
         env = {"GPULAB_SHARE": json.dumps(asdict(self), sort_keys=True),
                "OMP_NUM_THREADS": str(max(1, int(self.cpus))),
                "MEM_LIMIT": str(self.memory_mb * MiB), "CPU_LIMIT": f"{self.cpus:g}"}
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus))
+        if self.gpus:  # NVML's indices: CUDA counts in the same (PCI bus) order only when told to
+            env.update(CUDA_VISIBLE_DEVICES=",".join(map(str, self.gpus)), CUDA_DEVICE_ORDER="PCI_BUS_ID")
         return env
 
 

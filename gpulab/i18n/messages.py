@@ -7,7 +7,8 @@ template (:mod:`gpulab.i18n.templates`): its values are filled in from the Engli
 came out. At run time :func:`localize` swaps a check's texts for their translations: in the
 student's kernel when ``GPULAB_LANG`` is set (``make lab LANG=ko`` sets it), and in the grader from
 the submission's ``metadata.gpulab.lang``. The judge's own words around them come from the kit's
-catalogue, ``gpulab.judge.po`` (:func:`say`). What the grader measured (values, shapes,
+catalogue, ``gpulab.judge.po`` (:func:`say`), which is the table
+:data:`gpulab.i18n.verdict_texts.TEXTS` (:func:`judge_cells`). What the grader measured (values, shapes,
 differences) stays as it is.
 """
 
@@ -19,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpulab.i18n import LANGUAGES, templates
+from gpulab.i18n import LANGUAGES, templates, verdict_texts
 
 CATALOGUES = Path(__file__).resolve().parents[2] / "notebooks" / "i18n"
 SUFFIX = ".checks"
@@ -94,38 +95,21 @@ def cells(nb_path: Path) -> list[Any]:
 
 
 # gpulab's own texts that a check's message is made of: the judge's verdicts ("expected {0}, got
-# {1}"), one catalogue for the kit (``notebooks/i18n/<lang>/gpulab.judge.po``)
+# {1}"), the table gpulab.i18n.verdict_texts.TEXTS, one catalogue for the kit
+# (``notebooks/i18n/<lang>/gpulab.judge.po``)
 KIT = "gpulab"
-JUDGE = Path(__file__).resolve().parents[1] / "verdict" / "check.py"
-VERDICTS = ("verdict", "_close", "_array_close", "_difference", "_between", "_raises")
+JUDGE = Path(verdict_texts.__file__)  # the catalogue's source: the table
 JUDGE_SUFFIX = ".judge"
 
 
-def judge_cells(py_path: Path = JUDGE) -> list[Any]:
-    """The judge's verdict texts: each string or f-string of the functions that write a verdict,
-    docstrings and keys aside, as templates keyed ``<function>:<n>``."""
-    import re
-
+def judge_cells(_source: Path = JUDGE) -> list[Any]:
+    """The judge's verdict texts, one template per id of :data:`~gpulab.i18n.verdict_texts.TEXTS`,
+    keyed by that id, in the table's order (``_source``: the table's file, as ``catalog.update``
+    passes its source; the entries come from the imported table)."""
     catalog = _catalog()
-    out = []
-    tree = ast.parse(py_path.read_text(encoding="utf-8"))
-    for fn in [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in VERDICTS]:
-        body = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
-        inner = {id(v) for node in ast.walk(fn) if isinstance(node, ast.JoinedStr) for v in node.values}
-        found: dict[str, list[str]] = {}
-        for node in [n for stmt in body for n in ast.walk(stmt)]:
-            if id(node) in inner or not (isinstance(node, ast.JoinedStr) or
-                                         (isinstance(node, ast.Constant) and isinstance(node.value, str))):
-                continue
-            made = templates.from_parts([node])
-            words = re.findall(r"[A-Za-z]{2,}", re.sub(r"\{\d+\}", "", made[0])) if made else []
-            # a sentence, or an f-string's phrase (" at {0}"); not a key such as "at_least"
-            if len(words) >= (1 if isinstance(node, ast.JoinedStr) else 2) and " " in made[0]:
-                found.setdefault(*made)
-        out += [catalog.Cell(f"{fn.name}:{n}", text, f"a verdict of gpulab.verdict.check.{fn.name}"
-                             + values_note(values), frozenset({templates.FLAG}))
-                for n, (text, values) in enumerate(found.items())]
-    return out
+    return [catalog.Cell(key, t.template, "a verdict of the judge" + values_note(list(t.values)),
+                         frozenset({templates.FLAG}) if t.values else frozenset())
+            for key, t in verdict_texts.TEXTS.items()]
 
 
 def judge_path(course: Path, lang: str, lab: str = KIT) -> Path:

@@ -4,7 +4,8 @@ The grader (:mod:`gpulab.verdict.cell`) calls :func:`verdict` in its own process
 kernels sent (:mod:`gpulab.evidence`): the student's value, and from the reference kernel the check
 itself and the expected side. Interactive checks call the same function in the student's kernel,
 so a message reads the same in Validate and in the feedback. Plain Python and numpy, no I/O, no
-torch; the words of every verdict are :data:`gpulab.verdict.texts.TEXTS`.
+torch; the words of every verdict are :data:`gpulab.i18n.verdict_texts.TEXTS`, written by
+:func:`~gpulab.i18n.verdict_texts.text`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from gpulab.evidence.codec import Container, Other, Raised, Tensor, decode
 from gpulab.i18n import LANGUAGES, messages  # a localized spec's language: the hint's label, the verdict
+from gpulab.i18n.verdict_texts import text
 from gpulab.verdict import rules
 
 # torch.testing.assert_close's default tolerances (rtol, atol) by dtype; other dtypes compare exactly
@@ -39,30 +41,30 @@ def _number(v: Any) -> bool:
 
 def _close(actual: Any, expected: Any, rtol: float | None, atol: float | None, path: str = "") -> str | None:
     """Why ``actual`` is not close to ``expected`` (None: it is), as torch.testing.assert_close would."""
-    where = f" at {path}" if path else ""
+    where = text("close.at", path) if path else ""
     if isinstance(expected, Tensor):
         if not isinstance(actual, Tensor):
-            return f"expected a torch.Tensor{where}, got {_kind(actual)}"
+            return text("close.not_tensor", where, _kind(actual))
         if actual.shape != expected.shape:
-            return f"shape {actual.shape} but expected {expected.shape}{where}"
+            return text("close.shape", actual.shape, expected.shape, where)
         if actual.dtype != expected.dtype:
-            return f"dtype torch.{actual.dtype} but expected torch.{expected.dtype}{where}"
+            return text("close.dtype", actual.dtype, expected.dtype, where)
         if expected.array is None or actual.array is None:
-            return None if expected.array is None and actual.array is None else f"values missing{where}"
+            return None if expected.array is None and actual.array is None else text("close.values_missing", where)
         r, a = TOLERANCES.get(expected.dtype, (0.0, 0.0))
         r, a = (r if rtol is None else rtol), (a if atol is None else atol)
         return _array_close(actual.array, expected.array, r, a, where)
     if _number(expected):
         if not _number(actual):
-            return f"expected a number{where}, got {_kind(actual)}"
+            return text("close.not_number", where, _kind(actual))
         r, a = PY_FLOAT if isinstance(expected, float) or isinstance(actual, float) else (0.0, 0.0)
         r, a = (r if rtol is None else rtol), (a if atol is None else atol)
         return _array_close(np.asarray(float(actual)), np.asarray(float(expected)), r, a, where, scalar=True)
     if isinstance(expected, (list, tuple)):
         if not isinstance(actual, (list, tuple)):
-            return f"expected a sequence{where}, got {_kind(actual)}"
+            return text("close.not_sequence", where, _kind(actual))
         if len(actual) != len(expected):
-            return f"length {len(actual)} but expected {len(expected)}{where}"
+            return text("close.length", len(actual), len(expected), where)
         for i, (x, y) in enumerate(zip(actual, expected)):
             why = _close(x, y, rtol, atol, f"{path}[{i}]")
             if why:
@@ -70,15 +72,15 @@ def _close(actual: Any, expected: Any, rtol: float | None, atol: float | None, p
         return None
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
-            return f"expected a mapping{where}, got {_kind(actual)}"
+            return text("close.not_mapping", where, _kind(actual))
         if set(actual) != set(expected):
-            return f"keys {sorted(map(repr, actual))} but expected {sorted(map(repr, expected))}{where}"
+            return text("close.keys", sorted(map(repr, actual)), sorted(map(repr, expected)), where)
         for k in expected:
             why = _close(actual[k], expected[k], rtol, atol, f"{path}[{k!r}]")
             if why:
                 return why
         return None
-    return None if _equal(actual, expected) else f"expected {expected!r}, got {actual!r}{where}"
+    return None if _equal(actual, expected) else text("close.unequal", repr(expected), repr(actual), where)
 
 
 def _array_close(x: np.ndarray, y: np.ndarray, rtol: float, atol: float, where: str, scalar: bool = False) -> str | None:
@@ -97,16 +99,14 @@ def _array_close(x: np.ndarray, y: np.ndarray, rtol: float, atol: float, where: 
     finite = np.where(np.isfinite(diff), diff, np.inf)
     worst = np.unravel_index(int(np.argmax(finite)), finite.shape) if finite.ndim else ()
     if scalar:
-        return (f"values differ (Scalars are not close!; Expected {float(y):.6g} but got {float(x):.6g}; "
-                f"Absolute difference: {float(diff):.3g} (up to {atol:g} allowed); "
-                f"Relative difference: {float(diff) / max(abs(float(y)), 1e-300):.3g} (up to {rtol:g} allowed)){where}")
-    return (f"values differ (Tensor-likes are not close!; Mismatched elements: {bad} / {ok.size} "
-            f"({100 * bad / ok.size:.1f}%); Greatest absolute difference: {float(finite[worst]):.3g} at index "
-            f"{tuple(int(i) for i in worst)} (up to {atol:g} allowed)){where}")
+        return text("close.scalars", f"{float(y):.6g}", f"{float(x):.6g}", f"{float(diff):.3g}", f"{atol:g}",
+                    f"{float(diff) / max(abs(float(y)), 1e-300):.3g}", f"{rtol:g}", where)
+    return text("close.tensors", bad, ok.size, f"{100 * bad / ok.size:.1f}", f"{float(finite[worst]):.3g}",
+                tuple(int(i) for i in worst), f"{atol:g}", where)
 
 
 def _kind(v: Any) -> str:
-    return {Tensor: "Tensor", Raised: "an exception"}.get(type(v), type(v).__name__ if not isinstance(v, Other) else v.type)
+    return {Tensor: "Tensor", Raised: text("raises.any")}.get(type(v), type(v).__name__ if not isinstance(v, Other) else v.type)
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -129,7 +129,7 @@ def verdict(spec: dict[str, Any], actual: Any, expected: Any = None) -> str | No
     """
     kind = spec.get("kind")
     if kind == "true":
-        return None if actual is True else fail(spec, "check failed")
+        return None if actual is True else fail(spec, text("true.failed"))
     if kind == "equal":
         if isinstance(expected, Tensor) or isinstance(actual, Tensor):
             ok = isinstance(actual, Tensor) and isinstance(expected, Tensor) and actual == expected
@@ -141,9 +141,9 @@ def verdict(spec: dict[str, Any], actual: Any, expected: Any = None) -> str | No
         return None if why is None else fail(spec, why)
     if kind == "shape":
         if not isinstance(actual, Tensor):
-            return fail(spec, f"expected a torch.Tensor, got {_kind(actual)}")
+            return fail(spec, text("shape.not_tensor", _kind(actual)))
         shape = tuple(expected) if isinstance(expected, (list, tuple)) else expected
-        return None if actual.shape == shape else fail(spec, f"shape {actual.shape} but expected {shape}")
+        return None if actual.shape == shape else fail(spec, text("shape.differs", actual.shape, shape))
     if kind == "between":
         return _between(spec, actual)
     if kind == "raises":
@@ -151,10 +151,10 @@ def verdict(spec: dict[str, Any], actual: Any, expected: Any = None) -> str | No
     if kind == "rule":
         params = decode(spec.get("params") if spec.get("params") is not None else {"$dict": []})
         if not isinstance(params, dict) or not all(isinstance(k, str) and k.isidentifier() for k in params):
-            return fail(spec, "the check's parameters could not be read")
+            return fail(spec, text("rule.unreadable"))
         why = rules.judge(str(spec.get("rule")), actual, expected, **params)
         return None if why is None else fail(spec, why)
-    return fail(spec, f"the grader does not know the check {str(kind)[:40]!r}")
+    return fail(spec, text("check.unknown", repr(str(kind)[:40])))
 
 
 def _short(v: Any, limit: int = 300) -> str:
@@ -165,7 +165,7 @@ def _short(v: Any, limit: int = 300) -> str:
 def _difference(actual: Any, expected: Any, path: str = "") -> str:
     """Where two unequal values first differ: ``at [3]['a']: expected 'x', got 'y'``, or the whole
     values when they are small or of different kinds."""
-    here = f"at {path}: " if path else ""
+    here = text("equal.at", path) if path else ""
     if isinstance(expected, dict) and isinstance(actual, dict) and set(expected) == set(actual):
         for k in expected:
             if not (_equal(actual[k], expected[k]) and _same_container(actual[k], expected[k])):
@@ -176,8 +176,8 @@ def _difference(actual: Any, expected: Any, path: str = "") -> str:
             if not (_equal(x, y) and _same_container(x, y)):
                 return _difference(x, y, f"{path}[{i}]")
     if _equal(actual, expected) and not _same_container(actual, expected):
-        return f"{here}expected a {_kind_of(expected)}, got a {_kind_of(actual)} ({_short(actual)})"
-    return f"{here}expected {_short(expected)}, got {_short(actual)}"
+        return text("equal.container", here, _kind_of(expected), _kind_of(actual), _short(actual))
+    return text("equal.differs", here, _short(expected), _short(actual))
 
 
 def _kind_of(v: Any) -> str:
@@ -207,26 +207,26 @@ def _value(v: Any) -> float | None:
 def _between(spec: dict[str, Any], actual: Any) -> str | None:
     v = _value(actual)
     if v is None:
-        return fail(spec, f"expected a number, got {_kind(actual)}")
+        return fail(spec, text("between.not_number", _kind(actual)))
     if v != v:
-        return fail(spec, "got NaN")
+        return fail(spec, text("between.nan"))
     lo, hi = spec.get("lo"), spec.get("hi")
     if lo is not None and v < lo:
-        return fail(spec, f"{v:.4g} is below the minimum {lo:.4g}")
+        return fail(spec, text("between.below", f"{v:.4g}", f"{lo:.4g}"))
     if hi is not None and v > hi:
-        return fail(spec, f"{v:.4g} is above the maximum {hi:.4g}")
+        return fail(spec, text("between.above", f"{v:.4g}", f"{hi:.4g}"))
     return None
 
 
 def _raises(spec: dict[str, Any], actual: Any) -> str | None:
     wanted = [t for t in spec.get("types", []) if isinstance(t, str)]
-    names = " or ".join(wanted) or "an exception"
+    names = " or ".join(wanted) or text("raises.any")
     if not isinstance(actual, Raised):
-        return fail(spec, f"expected {names}, but nothing was raised")
+        return fail(spec, text("raises.nothing", names))
     if not any(t in actual.types for t in wanted):
-        got = actual.types[0] if actual.types else "an exception"
-        return fail(spec, f"expected {names}, got {got}: {actual.message[:500]}")
+        got = actual.types[0] if actual.types else text("raises.any")
+        return fail(spec, text("raises.other", names, got, actual.message[:500]))
     match = spec.get("match")
     if match and str(match).lower() not in actual.message.lower():
-        return fail(spec, f"raised {actual.types[0]} but its message does not mention {match!r}: {actual.message[:500]}")
+        return fail(spec, text("raises.message", actual.types[0], repr(match), actual.message[:500]))
     return None

@@ -1,9 +1,9 @@
-"""gpulab.autograde.students: any id is graded under a name nbgrader cannot misread, and a spreadsheet
+"""gpulab.accounts.students: any id is graded under a name nbgrader cannot misread, and a spreadsheet
 shows it instead of running it."""
 
 from __future__ import annotations
 
-from gpulab.autograde import students
+from gpulab.accounts import students
 
 
 def test_plain_ids_stay_and_the_rest_get_a_stable_alias() -> None:

@@ -18,10 +18,15 @@ instructor, with an exchange of its own. The tests run in order, each on what th
    exchange has nbgrader's permissions (inbound and feedback cannot be listed), and a student's
    token cannot reach another student's server or hub record;
 4. the instructor (with the formgrader) collects through the exchange, grades with ``make grade``
-   and releases the kit's feedback; the scores are those the answers deserve;
+   (which leaves every file of the course the instructor's) and releases the kit's feedback; the
+   scores are those the answers deserve; after grading, the instructor's formgrader, in Chromium,
+   saves a manual grade and a comment, and nbgrader's gradebook holds them;
 5. each student fetches feedback: their own page, with their score, and nobody else's;
-6. faults: a second submission replaces the first; a submission after the due date gets the
-   course's late penalty (``notebooks/nbgrader_config.py``); a server killed mid-edit comes back
+6. faults: a release whose due date is already past is refused without ``FORCE=1``; a second
+   submission replaces the first; a submission after the due date gets the course's late penalty
+   (``notebooks/nbgrader_config.py``) and grades.csv says how late it was, but not one within the
+   student's extension (``make hub-extend``); a regrade keeps the instructor's manual grade; a
+   server killed mid-edit comes back
    with the saved work; a hub stopped with Ctrl+C and started again keeps its users, the
    submissions and the gradebook.
 
@@ -50,7 +55,8 @@ import nbformat
 import pytest
 import requests
 
-from gpulab.hub import limits, site, users
+from gpulab.accounts import users
+from gpulab.hub import limits, site
 
 from .common import CHROMIUM, CHROMIUM_ARGS, REPO, assert_validate_passed, clear_dialogs, free_port, solutions, wait
 
@@ -59,6 +65,7 @@ LAB = "00_setup"
 MARK = "gpulab make test-hub"  # the comment field of the accounts this test makes
 STUDENTS = {"gpltest-full": "all", "gpltest-half": "half", "gpltest-blank": "none"}
 INSTRUCTOR = "gpltest-inst"
+MANUAL = ("gpltest-full", "threads_speedup_answer", 1.5)  # the manual grade the instructor gives (a written answer)
 # what a student must not see (the Assignment List and Validate are theirs)
 INSTRUCTOR_TEXTS = ("Formgrader", "Course List", "Create Assignment", "Manage Assignments", "Gradebook")
 
@@ -554,6 +561,9 @@ def test_the_instructor_collects_grades_and_releases_feedback(hub: Hub, browser)
         score, total = _expected_score(how)
         assert float(grades[u]["score"]) == score and float(grades[u]["max_score"]) == total, (u, grades[u])
     assert _expected_score("all")[0] > _expected_score("half")[0] > _expected_score("none")[0] == 0
+    inst = pwd.getpwnam(INSTRUCTOR).pw_uid  # make grade ran as root: nothing of it may be left root's
+    others = [p for p in [hub.course, *hub.course.rglob("*")] if p.lstat().st_uid != inst]
+    assert not others, f"make grade left files the instructor's formgrader cannot write: {others[:5]}"
     hub.loop("feedback")
     fb = hub.exchange / "gpulab" / "feedback"
     assert _mode(fb) == 0o711, f"feedback folder {oct(_mode(fb))}: nobody may list it"
@@ -631,6 +641,55 @@ def test_a_students_account_reads_and_writes_nothing_private(hub: Hub) -> None:
     assert _as(INSTRUCTOR, "test", "-w", str(course / "gradebook.db")).returncode == 0, "the formgrader cannot write"
 
 
+def test_the_instructors_formgrader_saves_a_manual_grade_after_grading(hub: Hub, browser) -> None:
+    """After make grade (as root) and the feedback: the instructor, in Chromium, opens the
+    formgrader's manual grading of lab 00, opens a graded submission, types a score and a comment
+    on its written answer; nbgrader's gradebook (read with its own API) holds both."""
+    from nbgrader.api import Gradebook
+
+    student, cell, points = MANUAL
+    comment = "Clear reasoning about the threads (make test-hub)"
+    db = f"sqlite:///{hub.course / 'gradebook.db'}"
+    with Gradebook(db) as gb:
+        nb_id = gb.find_submission_notebook(LAB, LAB, student).id
+        before = float(gb.find_submission(LAB, student).score)
+        grade = gb.find_grade(cell, LAB, LAB, student)
+        assert grade.manual_score is None and grade.auto_score is None, "a written answer nobody graded yet"
+    s = Student(browser, hub, INSTRUCTOR)
+    try:
+        page = s.page
+        page.goto(f"{hub.base}/user/{INSTRUCTOR}/formgrader/gradebook/{LAB}/{LAB}")
+        link = page.locator(f"a.name-hidden[href$='/formgrader/submissions/{nb_id}']")
+        link.wait_for(timeout=60_000)
+        _shot(page, "7-instructor-manual-grading")
+        link.click()
+        page.wait_for_url(re.compile(f".*/formgrader/submissions/{nb_id}.*"))
+        score, text = page.locator(f"input.score#{cell}"), page.locator(f"textarea.comment#{cell}-comment")
+        page.locator(f"input#{cell}_extra_credit[placeholder]").wait_for()  # the grade's view is bound
+        text.wait_for()
+        page.locator(f"textarea#{cell}-comment[placeholder]").wait_for()  # and the comment's
+        score.fill(f"{points:g}")
+        score.press("Tab")  # a change event: the formgrader saves it
+        text.fill(comment)
+        text.press("Tab")
+
+        def saved() -> bool:
+            with Gradebook(db) as gb:
+                g, c = gb.find_grade(cell, LAB, LAB, student), gb.find_comment(cell, LAB, LAB, student)
+                return g.manual_score == points and c.manual_comment == comment
+        wait(saved, 60, "the formgrader's manual grade and comment to reach gradebook.db")
+        _shot(page, "7-instructor-manual-grade-saved")
+        page.reload()  # and the formgrader shows them again, read back from the gradebook
+        page.locator(f"input#{cell}_extra_credit[placeholder]").wait_for()
+        assert float(score.input_value()) == points and text.input_value() == comment
+    finally:
+        s.close()
+    with Gradebook(db) as gb:
+        assert float(gb.find_submission(LAB, student).score) == before + points, "the manual grade counts"
+    db_file = hub.course / "gradebook.db"
+    assert db_file.stat().st_uid == pwd.getpwnam(INSTRUCTOR).pw_uid and not _mode(db_file) & 0o007
+
+
 # ---- 6. faults ---------------------------------------------------------------------------------
 
 def _resubmit(hub: Hub, browser, user: str, how: str, shot: str) -> None:
@@ -654,31 +713,51 @@ def _resubmit(hub: Hub, browser, user: str, how: str, shot: str) -> None:
 
 
 def test_a_later_submission_counts_and_a_late_one_is_penalised(hub: Hub, browser) -> None:
-    # the blank student submits again, fully answered, before the due date: the later one counts
-    _resubmit(hub, browser, "gpltest-blank", "all", "7-blank-resubmitted")
-    time.sleep(1.5)  # the due date falls strictly between the two submissions
+    from nbgrader.api import Gradebook
+
+    from gpulab.autograde.gradebook import late_note
+
     due = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    time.sleep(1.5)
-    hub.loop("release", "--due", due)  # make hub-release DUE=...: the due date in the gradebook
+    time.sleep(1.5)  # the due date is past before either resubmission
+    # make hub-release DUE=<past>, off a terminal: refused, naming FORCE=1, and nothing changed
+    refused = subprocess.run([sys.executable, "-m", "gpulab.hub", "release", "--lab", LAB, *hub.args(), "--due", due],
+                             capture_output=True, text=True, cwd=REPO, stdin=subprocess.DEVNULL, check=False)
+    assert refused.returncode == 2 and "is already past" in refused.stderr and "FORCE=1" in refused.stderr, \
+        refused.stderr
+    with Gradebook(f"sqlite:///{hub.course / 'gradebook.db'}") as gb:
+        assert gb.find_assignment(LAB).duedate is None, "the refused release set a due date"
+    hub.loop("release", "--due", due, "--force")  # make hub-release DUE=... FORCE=1: the due date in the gradebook
+    # the blank student has until tomorrow (make hub-extend), and submits again, fully answered
+    until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(time.time() + 86400))
+    assert "may submit 00_setup until" in hub.loop("extend", "--student", "gpltest-blank", "--until", until).stdout
+    _resubmit(hub, browser, "gpltest-blank", "all", "8-blank-resubmitted-extended")
     # the half student submits again, fully answered, after the due date: the course's late penalty
-    _resubmit(hub, browser, "gpltest-half", "all", "8-half-resubmitted-late")
+    _resubmit(hub, browser, "gpltest-half", "all", "9-half-resubmitted-late")
     hub.loop("collect")
     grades = hub.grade()
     full, total = _expected_score("all")
-    assert float(grades["gpltest-blank"]["score"]) == full, grades["gpltest-blank"]
-    assert float(grades["gpltest-full"]["score"]) == full, grades["gpltest-full"]
+    manual_student, _, manual = MANUAL
+    assert manual_student == "gpltest-full"
+    assert float(grades["gpltest-full"]["score"]) == full + manual, ("the regrade keeps the manual grade",
+                                                                     grades["gpltest-full"])
     assert 'penalty_method = "zero"' in (hub.course / "nbgrader_config.py").read_text(), \
         "the course's late penalty is set in notebooks/nbgrader_config.py"
-    from nbgrader.api import Gradebook
-
     with Gradebook(f"sqlite:///{hub.course / 'gradebook.db'}") as gb:
         late = gb.find_submission(LAB, "gpltest-half")
-        on_time = gb.find_submission(LAB, "gpltest-blank")
+        extended = gb.find_submission(LAB, "gpltest-blank")
         # the late one scores what its answers earn, and the course's penalty takes all of it
         assert late.score == full and late.late_submission_penalty == full, (late.score, late.late_submission_penalty)
-        assert on_time.score == full and not on_time.late_submission_penalty
-    # grades.csv shows what counts: the score less the penalty, and says why
-    assert float(grades["gpltest-half"]["score"]) == 0 and "late" in grades["gpltest-half"]["notes"], grades["gpltest-half"]
+        assert late.total_seconds_late > 0
+        # the extended one was submitted after the due date, before the student's own
+        assert extended.timestamp > gb.find_assignment(LAB).duedate and extended.total_seconds_late == 0
+        assert extended.score == full and not extended.late_submission_penalty
+        note = late_note(late.total_seconds_late, full, full)
+    # grades.csv shows what counts: the score less the penalty, and says by how much it was late
+    assert float(grades["gpltest-half"]["score"]) == 0 and note in grades["gpltest-half"]["notes"], grades["gpltest-half"]
+    assert re.match(r"late by (under 0\.1|\d+\.\d) h, \d+ points off", note), note
+    for on_time in ("gpltest-blank", "gpltest-full"):
+        assert "late by" not in grades[on_time]["notes"], grades[on_time]
+    assert float(grades["gpltest-blank"]["score"]) == full, grades["gpltest-blank"]
 
 
 def test_a_server_killed_mid_edit_keeps_the_saved_work(hub: Hub) -> None:

@@ -62,7 +62,7 @@ def test_a_script_that_forgets_set_epoch_is_told_apart(tmp_path):
 
 
 def test_a_fixed_port_fails_when_two_jobs_share_the_machine(tmp_path):
-    path = _variant(tmp_path, "fixed_port.py", "free_port(), args)", "29517, args)")
+    path = _variant(tmp_path, "fixed_port.py", 'f"file://{tmp}/rendezvous", args)', '"tcp://127.0.0.1:29517", args)')
     with pytest.raises(ScriptError, match="port"):
         run_scripts(path, [0, 1], timeout=60)
 

@@ -1,4 +1,4 @@
-"""The course's private part, closed by its modes (gpulab/hub/private.py), on scratch folders."""
+"""The course's private part, closed by its modes (gpulab/accounts/private.py), on scratch folders."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import os
 import stat
 from pathlib import Path
 
-from gpulab.hub import private, site
+from gpulab.accounts import private
+from gpulab.hub import site
 
 
 def _mode(p: Path) -> int:

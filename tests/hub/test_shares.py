@@ -16,6 +16,7 @@ def test_one_gpu_each_when_there_are_enough() -> None:
     assert [s.gpus for s in got.values()] == [(0,), (1,), (2,)]
     assert all(s.students_per_gpu == 1 for s in got.values())
     assert got["s1"].env()["CUDA_VISIBLE_DEVICES"] == "1"
+    assert got["s1"].env()["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # NVML's index 1 is CUDA's index 1
 
 
 def test_round_robin_when_there_are_fewer_gpus() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.hub import users
+from gpulab.accounts import users
 
 
 @pytest.fixture

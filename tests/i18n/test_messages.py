@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from gpulab.grading import GradingError, check_equal
-from gpulab.i18n import catalog, messages
+from gpulab.i18n import catalog, messages, templates
 from gpulab.verdict import check as judge
 
 CELL = '''from gpulab import grading
@@ -118,3 +118,20 @@ def test_the_judges_own_words_come_in_korean_from_the_kits_catalogue():
         numbers = sorted(re.findall(r"\d+(?:\.\d+)?", english.split("\n")[0]))
         assert sorted(re.findall(r"\d+(?:\.\d+)?", korean.split("\n")[0])) == numbers, (english, korean)
     assert judge.verdict({"kind": "equal", "what": "W"}, 5, 4) == "W: expected 4, got 5"
+
+
+def test_the_judge_catalogue_is_the_table_of_verdict_texts():
+    """gpulab.judge.po is read from verdict_texts.TEXTS, one entry per id in its order, and the repository's
+    Korean catalogue has a current translation of each; a verdict written with the wrong number of values
+    names the template's values."""
+    from gpulab.i18n import verdict_texts
+
+    cells = messages.judge_cells()
+    assert [(c.id, c.text) for c in cells] == [(k, t.template) for k, t in verdict_texts.TEXTS.items()]
+    assert all((templates.FLAG in c.flags) == bool(verdict_texts.TEXTS[c.id].values) for c in cells)
+    po = catalog.entries(catalog.read(messages.judge_path(messages.CATALOGUES.parent, "ko"), "ko"))
+    assert {k: m.id for k, m in po.items()} == {k: t.template for k, t in verdict_texts.TEXTS.items()}
+    assert all(m.string.strip() and catalog.FUZZY not in m.flags for m in po.values())
+    assert verdict_texts.text("close.unequal", "4", "5", "") == "expected 4, got 5"
+    with pytest.raises(ValueError, match="takes 3 value"):
+        verdict_texts.text("close.unequal", "4", "5")

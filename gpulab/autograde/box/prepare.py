@@ -32,10 +32,10 @@ from gpulab.autograde import notes as notes_mod
 from gpulab.autograde.box import integrity, links
 from gpulab.autograde.execute.config import EXECUTE, autograde_preprocessors, write_box_config
 from gpulab.autograde.limits import LabRun, Limits
-from gpulab.confine import isolation, jail
+from gpulab.confine import cuda_paths, isolation, jail
 
 
-def _font_cache() -> list[str]:
+def font_cache() -> list[str]:
     """matplotlib's font list, copied into each sandbox so no kernel rebuilds it (seconds each)."""
     cache = os.environ.get("MPLCONFIGDIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "matplotlib")
@@ -55,7 +55,7 @@ def _copy_in(course: Path, template_db: Path, lab: str, student: str, box: Path,
     for d in (box / "autograded" / student / lab, tmp / "matplotlib", tmp / "ipython", tmp / "runtime",
               tmp / "cache", tmp / "home"):
         d.mkdir(parents=True)
-    for f in _font_cache():
+    for f in font_cache():
         shutil.copy(f, tmp / "matplotlib")
     (box / "writes.jsonl").touch()
     shutil.copyfile(course / "nbgrader_config.py", box / "nbgrader_config.py")
@@ -67,6 +67,9 @@ def _mounts(box: Path, student: str, limits: Limits, sub: isolation.Submission, 
     if run is not None:
         sub.binds = [(str(a), str(b)) for a, b in run.binds]
     sub.visible = [str(box.parent.parent)]  # the grading folder; nothing else of the machine but the system
+    cuda = cuda_paths.machine()
+    if cuda.present:  # a GPU machine: its driver's and CUDA's folders, as the reference run sees them
+        sub.see, sub.groups = cuda.folders, cuda.groups
     if run is not None and run.measure_lock:  # the machine-wide lock of measured runs
         sub.visible.append(str(Path(run.measure_lock).parent))
     if sub.plan.namespaces:  # what the kernel writes counts against caps of its own, not the grading disk
@@ -77,12 +80,18 @@ def _mounts(box: Path, student: str, limits: Limits, sub: isolation.Submission, 
         _hand_over(box, student, sub)
 
 
+def memory_args(limits: Limits) -> list[str]:
+    """The jail's memory and file-size caps of a graded kernel, and of the reference run's kernel: on
+    a GPU machine no data rlimit (a CUDA context does not fit in one; the cgroup caps the submission)."""
+    mb = cuda_paths.kernel_memory_mb(limits.memory_mb, cuda_paths.machine().present)
+    return ["--memory-mb", str(mb), "--memory-rlimit", limits.memory_rlimit, "--fsize-mb", str(limits.fsize_mb)]
+
+
 def _jail_args(course: Path, template_db: Path, box: Path, work: Path, limits: Limits,
                sub: isolation.Submission | None, secrets: list[Path] | None) -> list[str]:
     """The arguments of ``python -m gpulab.confine.jail`` for the kernel."""
     tmp, private_tmp = box / "tmp", sub is not None and sub.plan.namespaces
-    args = ["--memory-mb", str(limits.memory_mb), "--memory-rlimit", limits.memory_rlimit,
-            "--fsize-mb", str(limits.fsize_mb), "--audit-fd", "{audit_fd}", "--home", str(tmp / "home"), "--oom-first"]
+    args = [*memory_args(limits), "--audit-fd", "{audit_fd}", "--home", str(tmp / "home"), "--oom-first"]
     own = [work, tmp] + ([Path("/tmp")] if private_tmp else [])  # /tmp: the submission's private tmpfs
     if limits.confine_writes:
         args += [a for d in own for a in ("--write", str(d))]

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from gpulab.autograde.limits import Limits
 from gpulab.autograde.nbgrader import nbgrader_command, nbgrader_env
-from gpulab.confine import isolation
+from gpulab.confine import cuda_paths, isolation
 
+# and every variable CUDA, NCCL, Triton and torch's allocator read (cuda_paths.is_cuda_env)
 ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_NUMERIC", "LC_MESSAGES", "TZ", "TERM",
-               "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "PYTHONPATH", "VIRTUAL_ENV",
-               "KINETO_LOG_LEVEL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH")
+               "PYTHONPATH", "VIRTUAL_ENV", "KINETO_LOG_LEVEL")
 
 
 _PR_SET_PDEATHSIG = 1
@@ -39,9 +39,10 @@ def die_with_grader() -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None = None) -> dict[str, str]:
-    """nbgrader's and the kernel's environment: :data:`ENV_ALLOWED`, and every cache and ``HOME`` in
-    the grading copy (``TMPDIR``: the private ``/tmp``, else ``box/tmp``)."""
+def sandbox_env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None = None) -> dict[str, str]:
+    """nbgrader's and the kernel's environment (the reference run's too): :data:`ENV_ALLOWED`, CUDA's,
+    NCCL's, Triton's and the allocator's variables (:func:`cuda_paths.cuda_env`), and every cache and
+    ``HOME`` in the grading copy (``TMPDIR``: the private ``/tmp``, else ``box/tmp``)."""
     tmp = box / "tmp"
     extra = {"GPULAB_SANDBOX": str(box), "HOME": str(tmp / "home"), "PYTHONUNBUFFERED": "1", "TMPDIR": "/tmp" if private_tmp else str(tmp),
              "MPLCONFIGDIR": str(tmp / "matplotlib"),
@@ -60,9 +61,12 @@ def _env(box: Path, limits: Limits, private_tmp: bool = False, seed: int | None 
         extra["GPULAB_SEED"] = str(seed)
     if limits.threads:
         extra.update(OMP_NUM_THREADS=str(limits.threads), MKL_NUM_THREADS=str(limits.threads))
-    env = {k: v for k, v in nbgrader_env().items() if k in ENV_ALLOWED}
+    outside = nbgrader_env()
+    env = {k: v for k, v in outside.items() if k in ENV_ALLOWED}
+    env.update(cuda_paths.cuda_env(outside, cuda_paths.machine().present))
     env.update(extra)
     return env
+
 
 
 def run_autograde(box: Path, lab: str, student: str, limits: Limits,
@@ -83,7 +87,7 @@ def run_autograde(box: Path, lab: str, student: str, limits: Limits,
     t0 = time.monotonic()
     with open(box / "nbgrader.log", "wb") as log:
         # A session of its own, no terminal: a student's process group signals cannot reach the grader.
-        proc = subprocess.Popen(cmd, cwd=box, env=_env(box, limits, private_tmp, seed), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, cwd=box, env=sandbox_env(box, limits, private_tmp, seed), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=die_with_grader)
         try:

@@ -7,8 +7,8 @@ import threading
 import time
 from pathlib import Path
 
+from gpulab.accounts import students
 from gpulab.autograde import notes as notes_mod
-from gpulab.autograde import students
 from gpulab.autograde.box import integrity
 from gpulab.autograde.box.prepare import prepare
 from gpulab.autograde.box.run import run_autograde

@@ -17,7 +17,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpulab.autograde import students
+from gpulab.accounts import students
 from gpulab.autograde.box import integrity, links, mask
 from gpulab.autograde.box.prepare import grading_root
 from gpulab.autograde.limits import LabRun, Limits, SandboxResult, measure_lock_file

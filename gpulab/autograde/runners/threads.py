@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from gpulab.autograde import students
+from gpulab.accounts import students
 from gpulab.autograde.limits import LabRun, Limits, SandboxResult
 from gpulab.autograde.runners.one import grade_safely
 from gpulab.confine import isolation

@@ -120,19 +120,33 @@ def best_bucket_size(params: Sequence[torch.Tensor], backward_s: float, candidat
 
 def allreduce_seconds(rank: int, world_size: int, sizes_bytes: Sequence[int], repeats: int = 15) -> list[float]:
     """Rank body for :func:`gpulab.parallel.launch`: the median time of one float32 all-reduce of
-    each size, all ranks starting together (a barrier before each call)."""
+    each size, all ranks starting together (a barrier before each call). The buffer lives on the
+    rank's device (a CUDA one under NCCL, which has no CPU tensors), and on CUDA the clock is read
+    once the all-reduce has run, not once it is queued."""
+    device = _rank_device()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     out = []
     for nbytes in sizes_bytes:
-        buf = torch.ones(max(1, int(nbytes) // 4))
+        buf = torch.ones(max(1, int(nbytes) // 4), device=device)
         dist.all_reduce(buf)  # warm-up: connections, allocations
+        sync()
         times = []
         for _ in range(repeats):
             dist.barrier()
+            sync()
             t0 = time.perf_counter()
             dist.all_reduce(buf)
+            sync()
             times.append(time.perf_counter() - t0)
         out.append(statistics.median(times))
     return out
+
+
+def _rank_device() -> torch.device:
+    """Where this rank's collectives run: its CUDA device under NCCL, else the CPU (gloo)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def backward_seconds(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, repeats: int = 5) -> float:

@@ -101,3 +101,11 @@ def test_backward_seconds_leaves_nothing_behind_and_is_positive():
     model = torch.nn.Linear(16, 4)
     t = backward_seconds(model, torch.randn(8, 16), torch.randint(0, 4, (8,)), repeats=2)
     assert t > 0
+
+
+@pytest.mark.multigpu
+def test_allreduce_seconds_runs_under_nccl_on_the_ranks_gpus():
+    """Under NCCL the buffer is on each rank's GPU (NCCL has no CPU tensors) and the time is the
+    all-reduce's, synchronised, not its enqueue."""
+    small, large = launch(allreduce_seconds, 2, args=([4096, 32 * 2**20], 5), backend="nccl", echo=False)[0]
+    assert 0 < small < large

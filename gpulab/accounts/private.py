@@ -27,7 +27,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from gpulab.hub import users
+from gpulab.accounts import users
 
 GROUP = "gpulab-instructors"
 KIT_PRIVATE = ("notebooks", "tests", ".git", "build", "work", "test-artifacts")
