@@ -27,6 +27,7 @@ __all__ = [
     "train_plain",
     "phases_case",
     "phases_run",
+    "placement",
     "plain_loop",
 ]
 
@@ -181,22 +182,84 @@ def _loop_parts(seed: int, case: dict[str, Any]) -> tuple[Any, Callable[[Any], A
     return loader, train_step, model
 
 
+FETCH_MARK, STEP_MARK = "gpulab-watch:fetch", "gpulab-watch:step"  # the kit's markers, not the student's ranges
+
+
+def _marked(watch: Stopwatch, loader: Any, train_step: Callable[[Any], Any]) -> tuple[Any, Callable[[Any], Any]]:
+    """The stopwatch's loader and step, each call also marked in the trace by a kit range (inside the
+    stopwatch's timing): every ``next()`` that yields one of the ``len(loader)`` batches and every step."""
+    from torch.profiler import record_function
+
+    class _Marked:
+        def __len__(self) -> int:
+            return len(loader)
+
+        def __iter__(self):
+            it = iter(loader)
+            for _ in range(len(loader)):  # no fetch past the last batch: each mark holds a batch
+                with record_function(FETCH_MARK):
+                    batch = next(it)
+                yield batch
+
+    def step(batch: Any) -> Any:
+        with record_function(STEP_MARK):
+            return train_step(batch)
+
+    return watch.loader(_Marked()), watch.step(step)
+
+
+def _spans(trace: dict[str, Any]) -> dict[str, list[tuple[Any, float, float]]]:
+    """The CPU timeline's ranges by name: ``[(thread, start, end)]`` in the trace's microseconds."""
+    spans: dict[str, list[tuple[Any, float, float]]] = {}
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "user_annotation" and e.get("ph") == "X":
+            t0 = float(e["ts"])
+            spans.setdefault(e.get("name"), []).append(((e.get("pid"), e.get("tid")), t0, t0 + float(e.get("dur", 0))))
+    return spans
+
+
+def placement(trace_path: str) -> dict[str, int]:
+    """Where the recorded fetches and steps sit among the student's ``data`` and ``step`` ranges, read
+    from the nesting of the kit's marks in the trace (no clock compared): a right loop has every
+    fetch inside a data range and every step inside a step range, and neither inside the other."""
+    with open(trace_path) as fh:
+        spans = _spans(json.load(fh))
+
+    def inside(mark: tuple[Any, float, float], name: str) -> bool:
+        thread, t0, t1 = mark
+        return any(th == thread and r0 <= t0 and t1 <= r1 for th, r0, r1 in spans.get(name, []))
+
+    fetches, steps = spans.get(FETCH_MARK, []), spans.get(STEP_MARK, [])
+    return {
+        "recorded fetches": len(fetches),
+        "fetches outside your data ranges": sum(not inside(m, DATA) for m in fetches),
+        "fetches inside your step ranges": sum(inside(m, STEP) for m in fetches),
+        "recorded steps": len(steps),
+        "steps outside your step ranges": sum(not inside(m, STEP) for m in steps),
+        "steps inside your data ranges": sum(inside(m, DATA) for m in steps),
+    }
+
+
 def phases_run(profile_fn: Callable[..., Any], seed: int, case: dict[str, Any], trace_path: str) -> dict[str, Any]:
     """Run ``profile_fn(loader, train_step, trace_path, active=...)`` on :func:`phases_case`'s loop,
-    with gpulab's :class:`~gpulab.profiling.phases.Stopwatch` around the loader and the step.
+    with gpulab's :class:`~gpulab.profiling.phases.Stopwatch` around the loader and the step, and the
+    kit's marks (:func:`placement`) inside it.
 
     Returns:
-        ``ranges`` (:func:`annotations` of the trace), ``profiler`` (the ``data`` and ``step``
-        ranges' shares of their sum over the recorded steps, read from the trace), ``stopwatch`` (the same shares
-        timed by the stopwatch over the same steps), ``batches`` (how many the loop fetched) and
-        ``params`` (the model's parameters afterwards).
+        ``ranges`` (:func:`annotations` of the trace, the kit's marks left out), ``placement`` (where
+        the recorded fetches and steps sit among the ranges), ``profiler`` (the ``data`` and ``step``
+        ranges' shares of their sum over the recorded steps, read from the trace), ``stopwatch`` (the
+        same shares timed by the stopwatch over the same steps: shown, never graded, as two clocks on a
+        busy machine disagree), ``batches`` (how many the loop fetched) and ``params`` (the model's
+        parameters afterwards).
     """
     if os.path.exists(trace_path):
         os.remove(trace_path)
     loader, train_step, model = _loop_parts(seed, case)
     watch = Stopwatch()
-    profile_fn(watch.loader(loader), watch.step(train_step), trace_path, active=case["active"])
-    out: dict[str, Any] = {"batches": len(watch.data_s), "ranges": annotations(trace_path)}
+    profile_fn(*_marked(watch, loader, train_step), trace_path, active=case["active"])
+    ranges = {k: v for k, v in annotations(trace_path).items() if k not in (FETCH_MARK, STEP_MARK)}
+    out: dict[str, Any] = {"batches": len(watch.data_s), "ranges": ranges, "placement": placement(trace_path)}
     out["profiler"] = trace_shares(trace_path, [DATA, STEP], of_labels=True)  # as the stopwatch counts
     out["stopwatch"] = watch.shares(skip=2)
     out["params"] = [p.detach().clone() for p in model.parameters()]

@@ -16,6 +16,8 @@ from gpulab.profiling.phases import DATA, STEP, Stopwatch, profile_phases, trace
 from gpulab.verdict import check as judge
 
 CASE = {"active": 3, "batch_size": 8, "sample_cost_s": 0.002, "lr": 0.05}
+RIGHT_PLACEMENT = {"recorded fetches": 3, "fetches outside your data ranges": 0, "fetches inside your step ranges": 0,
+                   "recorded steps": 3, "steps outside your step ranges": 0, "steps inside your data ranges": 0}
 
 
 def _verdict(kind: str, actual, expected, **params) -> str | None:
@@ -47,6 +49,7 @@ def test_profiler_ranges_agree_with_the_stopwatch(tmp_path):
         assert run["batches"] == 5
         assert {k: run["ranges"][k] for k in ("data", "step", "ProfilerStep#2", "ProfilerStep#4")} == {
             "data": 3, "step": 3, "ProfilerStep#2": 1, "ProfilerStep#4": 1}
+        assert run["placement"] == RIGHT_PLACEMENT
         assert run["profiler"][DATA] + run["profiler"][STEP] == pytest.approx(1.0)  # of the ranges' sum, as the stopwatch
         for k in (DATA, STEP):
             assert abs(run["profiler"][k] - run["stopwatch"][k]) < 0.03, (cost, run)
@@ -77,6 +80,46 @@ def _for_loop(loader, train_step, trace_path, active=6):
     return prof
 
 
+def _one_range_open(loader, train_step, trace_path, active=6):
+    """A wrong answer: the data range left open around the step (the step counted as data)."""
+    it = iter(loader)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=active)) as prof:
+        for _ in range(2 + active):
+            with record_function("data"):
+                batch = next(it)
+                with record_function("step"):
+                    train_step(batch)
+            prof.step()
+    prof.export_chrome_trace(trace_path)
+    return prof
+
+
+def _step_first(loader, train_step, trace_path, active=6):
+    """A second right design: prof.step() at the top of each iteration, the ranges opened by hand,
+    and a while loop that ends on the loader's StopIteration."""
+    it = iter(loader)
+    prof = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=active))
+    prof.start()
+    first = True
+    while True:
+        if not first:
+            prof.step()
+        first = False
+        data = record_function("data")
+        data.__enter__()
+        try:
+            batch = next(it)
+        except StopIteration:
+            data.__exit__(None, None, None)
+            break
+        data.__exit__(None, None, None)
+        with record_function("step"):
+            train_step(batch)
+    prof.stop()
+    prof.export_chrome_trace(trace_path)
+    return prof
+
+
 def _skips_warmup(loader, train_step, trace_path, active=6):
     """A wrong answer: no warm-up step (and one batch left untrained)."""
     it = iter(loader)
@@ -96,11 +139,21 @@ def test_grader_tells_wrong_answers_apart(tmp_path):
     seed, case = 11, lab01.phases_case(random.Random(2))
     want = lab01.phases_run(profile_phases, seed, case, str(tmp_path / "ref.json"))
     keys = ("batches", "ranges")
+    keys = keys + ("placement",)
     right = lab01.phases_run(profile_phases, seed, case, str(tmp_path / "right.json"))
     assert _verdict("equal", {k: right[k] for k in keys}, {k: want[k] for k in keys}) is None
+    other = lab01.phases_run(_step_first, seed, case, str(tmp_path / "other.json"))
+    assert _verdict("equal", other["placement"], want["placement"]) is None, other["placement"]
+    assert {k: other["ranges"].get(k) for k in ("data", "step")} == {"data": case["active"], "step": case["active"]}
+    torch.testing.assert_close(other["params"], lab01.plain_loop(seed, case))
 
     wrong = lab01.phases_run(_for_loop, seed, {**case, "sample_cost_s": 0.003}, str(tmp_path / "for.json"))
     assert _verdict("between", wrong["profiler"][DATA] - wrong["stopwatch"][DATA], None, lo=-0.03, hi=0.03)
+    assert wrong["placement"]["fetches outside your data ranges"] == case["active"]
+    assert _verdict("equal", wrong["placement"], want["placement"]) is not None
+    nested = lab01.phases_run(_one_range_open, seed, case, str(tmp_path / "nested.json"))
+    assert nested["placement"]["steps inside your data ranges"] == case["active"], nested["placement"]
+    assert _verdict("equal", nested["placement"], want["placement"]) is not None
     short = lab01.phases_run(_skips_warmup, seed, case, str(tmp_path / "short.json"))
     assert _verdict("equal", {k: short[k] for k in keys}, {k: want[k] for k in keys}) is not None
     assert _verdict("close", short["params"], lab01.plain_loop(seed, case), rtol=1e-4, atol=1e-5) is not None
