@@ -654,7 +654,10 @@ def test_the_instructors_formgrader_saves_a_manual_grade_after_grading(hub: Hub,
         nb_id = gb.find_submission_notebook(LAB, LAB, student).id
         before = float(gb.find_submission(LAB, student).score)
         grade = gb.find_grade(cell, LAB, LAB, student)
-        assert grade.manual_score is None and grade.auto_score is None, "a written answer nobody graded yet"
+        # nobody graded it yet: no manual score, and no points (nbgrader's autograde scores an answer left
+        # as released 0, one that was written None, so both wait for the instructor)
+        assert grade.manual_score is None and not grade.auto_score, ("a written answer nobody graded yet",
+                                                                     grade.manual_score, grade.auto_score)
     s = Student(browser, hub, INSTRUCTOR)
     try:
         page = s.page
